@@ -1,0 +1,14 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+)
+
+func newBenchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Benchmarks: produce (outbox write cost on Postgres)",
+	}
+	cmd.AddCommand(newBenchProduceCmd())
+	return cmd
+}

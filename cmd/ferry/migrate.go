@@ -1,0 +1,93 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/migrate"
+)
+
+func newMigrateCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade Ferry's tables (up), show their version (status), print the DDL (sql)",
+	}
+	var up, status storeFlags
+	upCmd := &cobra.Command{
+		Use:   "up",
+		Short: "Apply pending migrations in one transaction",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := up.open(cmd.Context(), cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			ran, err := migrate.Up(cmd.Context(), s, up.tables())
+			if err != nil {
+				return err
+			}
+			if len(ran) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "schema is current; nothing to apply")
+			}
+			for _, m := range ran {
+				fmt.Fprintf(cmd.OutOrStdout(), "applied %04d_%s\n", m.Version, m.Name)
+			}
+			return nil
+		},
+	}
+	up.register(upCmd)
+	statusCmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show applied and pending migrations",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := status.open(cmd.Context(), cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			st, err := migrate.CurrentStatus(cmd.Context(), s, status.tables())
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "version %d of %d\n", st.Current, st.Latest)
+			for _, a := range st.Applied {
+				fmt.Fprintf(out, "  applied  %04d_%s  %s\n", a.Version, a.Name, a.AppliedAt.UTC().Format("2006-01-02 15:04:05Z"))
+			}
+			for _, m := range st.Pending {
+				fmt.Fprintf(out, "  pending  %04d_%s\n", m.Version, m.Name)
+			}
+			return nil
+		},
+	}
+	status.register(statusCmd)
+	var sqlFlags storeFlags
+	var dialect string
+	sqlCmd := &cobra.Command{
+		Use:   "sql",
+		Short: "Print the DDL of every migration (for goose, atlas, golang-migrate)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			applyEnv(cmd)
+			d := driver.Dialect(dialect)
+			if d != driver.Postgres && d != driver.SQLite {
+				return fmt.Errorf("--dialect must be postgres or sqlite, got %q", dialect)
+			}
+			ddl, err := migrate.SQL(d, sqlFlags.tables())
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), ddl)
+			return nil
+		},
+	}
+	sqlCmd.Flags().StringVar(&dialect, "dialect", "postgres", "postgres or sqlite")
+	sqlCmd.Flags().StringVar(&sqlFlags.schema, "schema", "", "Postgres schema of Ferry's tables")
+	sqlCmd.Flags().StringVar(&sqlFlags.prefix, "table-prefix", "ferry_", "prefix of Ferry's table names")
+	cmd.AddCommand(upCmd, statusCmd, sqlCmd)
+	return cmd
+}

@@ -1,0 +1,91 @@
+// Package driver is the seam between Ferry's core and a database library.
+//
+// Ferry's SQL lives in the core packages (outbox, relay, inbox, …), written
+// once per [Dialect]; a driver only moves statements and rows. That keeps the
+// pgx, database/sql and SQLite paths on one core, as river's riverdriver does:
+//
+//   - [github.com/ferryhq/ferry/driver/pgxv5]: pgx v5 pool and pgx.Tx.
+//   - [github.com/ferryhq/ferry/driver/databasesql]: *sql.DB and *sql.Tx, for
+//     Postgres through pgx's stdlib driver and for SQLite through modernc.org/sqlite.
+//
+// Statements use $1, $2… placeholders in both dialects.
+package driver
+
+import (
+	"context"
+	"errors"
+)
+
+// Dialect selects which SQL the core sends.
+type Dialect string
+
+// The dialects Ferry speaks.
+const (
+	Postgres Dialect = "postgres"
+	SQLite   Dialect = "sqlite"
+)
+
+// Executor runs statements, either on a pool or inside a transaction.
+type Executor interface {
+	Dialect() Dialect
+	// Exec runs a statement and returns the number of rows it affected.
+	Exec(ctx context.Context, sql string, args ...any) (int64, error)
+	// Query runs a statement that returns rows. The caller must Close them.
+	Query(ctx context.Context, sql string, args ...any) (Rows, error)
+}
+
+// Rows is the narrow row iterator Ferry needs.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close()
+}
+
+// Tx is an Executor bound to a transaction the core started itself.
+// Rollback after Commit is a no-op, so `defer tx.Rollback(ctx)` is the idiom.
+type Tx interface {
+	Executor
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+}
+
+// Driver adapts one database library. TTx is that library's transaction
+// type (pgx.Tx or *sql.Tx), so callers pass their own transaction as is.
+type Driver[TTx any] interface {
+	Dialect() Dialect
+	// Executor runs statements on the pool, each in its own transaction.
+	Executor() Executor
+	// UnwrapExecutor runs statements inside the caller's transaction.
+	UnwrapExecutor(tx TTx) Executor
+	// Begin starts a transaction owned by the core.
+	Begin(ctx context.Context) (Tx, error)
+	// BeginTx starts a transaction and also returns it as the caller's
+	// type, for APIs that hand the transaction to user code (handlers).
+	BeginTx(ctx context.Context) (TTx, Tx, error)
+}
+
+// ErrUniqueViolation is wrapped by drivers when a statement broke a unique
+// constraint; the core maps it to a domain error (e.g. duplicate event id).
+var ErrUniqueViolation = errors.New("driver: unique constraint violated")
+
+// UniqueViolationError carries the constraint name when the database names it.
+type UniqueViolationError struct {
+	Constraint string
+	Err        error
+}
+
+func (e *UniqueViolationError) Error() string {
+	return "driver: unique constraint " + e.Constraint + " violated: " + e.Err.Error()
+}
+
+// Unwrap returns the database's own error.
+func (e *UniqueViolationError) Unwrap() error { return e.Err }
+
+// Is reports ErrUniqueViolation.
+func (e *UniqueViolationError) Is(target error) bool { return target == ErrUniqueViolation }
+
+// Rebind turns $n placeholders into the form a dialect wants. Both supported
+// dialects accept $n, so it returns sql unchanged; it exists so a future
+// dialect (MySQL) changes one function.
+func Rebind(_ Dialect, sql string) string { return sql }

@@ -1,0 +1,290 @@
+// Package migrate creates and upgrades Ferry's tables. Migrations are
+// versioned SQL files embedded in the module, one set per dialect, rendered
+// with the configured [ferry.Tables] names. They run from Go ([Up]) or from
+// the CLI (`ferry migrate up|status|sql`); [SQL] prints the DDL for users who
+// keep their schema in goose, atlas or golang-migrate.
+package migrate
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/driver"
+)
+
+//go:embed migrations
+var migrationsFS embed.FS
+
+// Migration is one versioned step.
+type Migration struct {
+	Version int
+	Name    string
+	// SQL is the rendered DDL for the dialect and table names it was loaded for.
+	SQL string
+}
+
+// DB is what migrations need from a driver: both Ferry drivers satisfy it.
+type DB interface {
+	Dialect() driver.Dialect
+	Begin(ctx context.Context) (driver.Tx, error)
+}
+
+// Applied is a migration recorded as done in the database.
+type Applied struct {
+	Version   int
+	Name      string
+	AppliedAt time.Time
+}
+
+// Status is the state of a database's schema.
+type Status struct {
+	Current int       // highest applied version, 0 when none
+	Latest  int       // highest version shipped in this build
+	Applied []Applied // in version order
+	Pending []Migration
+}
+
+// Load returns every migration shipped for dialect, rendered for tables,
+// in version order.
+func Load(dialect driver.Dialect, tables ferry.Tables) ([]Migration, error) {
+	if err := tables.Check(); err != nil {
+		return nil, err
+	}
+	if dialect == driver.SQLite && tables.Schema != "" {
+		return nil, &ferry.ConfigError{Field: "tables.schema", Reason: "must be empty on SQLite"}
+	}
+	dir := path.Join("migrations", string(dialect))
+	entries, err := fs.ReadDir(migrationsFS, dir)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: no migrations for dialect %q: %w", dialect, err)
+	}
+	funcs := template.FuncMap{}
+	data := names{tables}
+	var out []Migration
+	for _, e := range entries {
+		base := strings.TrimSuffix(e.Name(), ".sql")
+		num, name, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migrate: bad migration file name %q (want NNNN_name.sql)", e.Name())
+		}
+		raw, err := migrationsFS.ReadFile(path.Join(dir, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		tmpl, err := template.New(e.Name()).Funcs(funcs).Option("missingkey=error").Parse(string(raw))
+		if err != nil {
+			return nil, fmt.Errorf("migrate: parse %s: %w", e.Name(), err)
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, data); err != nil {
+			return nil, fmt.Errorf("migrate: render %s: %w", e.Name(), err)
+		}
+		out = append(out, Migration{Version: v, Name: name, SQL: buf.String()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i := 1; i < len(out); i++ {
+		if out[i].Version == out[i-1].Version {
+			return nil, fmt.Errorf("migrate: two migrations with version %d", out[i].Version)
+		}
+	}
+	return out, nil
+}
+
+// names is the template data: {{.T "outbox"}} is a qualified table name,
+// {{.I "outbox_pending_idx"}} an index or constraint name.
+type names struct{ t ferry.Tables }
+
+func (n names) T(base string) string    { return n.t.Name(base) }
+func (n names) I(base string) string    { return n.t.Ident(base) }
+func (n names) Bare(base string) string { return n.t.Bare(base) }
+
+// SQL returns the DDL of every migration for dialect, for pasting into
+// another migration tool. It does not include Ferry's own version table.
+func SQL(dialect driver.Dialect, tables ferry.Tables) (string, error) {
+	ms, err := Load(dialect, tables)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	if tables.Schema != "" {
+		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %q;\n\n", tables.Schema)
+	}
+	for _, m := range ms {
+		fmt.Fprintf(&b, "-- ferry migration %04d_%s\n%s\n", m.Version, m.Name, strings.TrimSpace(m.SQL))
+		b.WriteString("\n")
+	}
+	return b.String(), nil
+}
+
+// Up applies every pending migration in one transaction, so a failure
+// leaves the schema as it was. Concurrent Up calls are serialised (an
+// advisory lock on Postgres, the write lock on SQLite). It returns the
+// migrations it applied; none when the schema is current.
+func Up(ctx context.Context, db DB, tables ferry.Tables) ([]Migration, error) {
+	ms, err := Load(db.Dialect(), tables)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := prepare(ctx, tx, tables); err != nil {
+		return nil, err
+	}
+	applied, err := appliedVersions(ctx, tx, tables)
+	if err != nil {
+		return nil, err
+	}
+	done := map[int]bool{}
+	for _, a := range applied {
+		done[a.Version] = true
+	}
+	var ran []Migration
+	for _, m := range ms {
+		if done[m.Version] {
+			continue
+		}
+		if err := execScript(ctx, tx, m.SQL); err != nil {
+			return nil, fmt.Errorf("migrate: apply %04d_%s: %w", m.Version, m.Name, err)
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (version, name, applied_at) VALUES ($1, $2, $3)`, tables.Name("migrations")),
+			m.Version, m.Name, time.Now().UTC()); err != nil {
+			return nil, fmt.Errorf("migrate: record %04d_%s: %w", m.Version, m.Name, err)
+		}
+		ran = append(ran, m)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("migrate: commit: %w", err)
+	}
+	return ran, nil
+}
+
+// CurrentStatus reports which migrations are applied and which are pending.
+func CurrentStatus(ctx context.Context, db DB, tables ferry.Tables) (Status, error) {
+	ms, err := Load(db.Dialect(), tables)
+	if err != nil {
+		return Status{}, err
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return Status{}, fmt.Errorf("migrate: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := prepare(ctx, tx, tables); err != nil {
+		return Status{}, err
+	}
+	applied, err := appliedVersions(ctx, tx, tables)
+	if err != nil {
+		return Status{}, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Status{}, err
+	}
+	st := Status{Applied: applied}
+	done := map[int]bool{}
+	for _, a := range applied {
+		done[a.Version] = true
+		st.Current = max(st.Current, a.Version)
+	}
+	for _, m := range ms {
+		st.Latest = max(st.Latest, m.Version)
+		if !done[m.Version] {
+			st.Pending = append(st.Pending, m)
+		}
+	}
+	return st, nil
+}
+
+func prepare(ctx context.Context, tx driver.Tx, tables ferry.Tables) error {
+	if tx.Dialect() == driver.Postgres {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('ferry.migrate'))`); err != nil {
+			return fmt.Errorf("migrate: lock: %w", err)
+		}
+		if tables.Schema != "" {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %q`, tables.Schema)); err != nil {
+				return fmt.Errorf("migrate: create schema %s: %w", tables.Schema, err)
+			}
+		}
+	}
+	ts := "timestamptz"
+	if tx.Dialect() == driver.SQLite {
+		ts = "TIMESTAMP"
+	}
+	_, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+		version    integer PRIMARY KEY,
+		name       text NOT NULL,
+		applied_at %s NOT NULL)`, tables.Name("migrations"), ts))
+	if err != nil {
+		return fmt.Errorf("migrate: create version table: %w", err)
+	}
+	return nil
+}
+
+func appliedVersions(ctx context.Context, tx driver.Tx, tables ferry.Tables) ([]Applied, error) {
+	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT version, name, applied_at FROM %s ORDER BY version`, tables.Name("migrations")))
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read versions: %w", err)
+	}
+	defer rows.Close()
+	var out []Applied
+	for rows.Next() {
+		var a Applied
+		if err := rows.Scan(&a.Version, &a.Name, &a.AppliedAt); err != nil {
+			return nil, fmt.Errorf("migrate: read versions: %w", err)
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+
+// execScript runs a multi-statement script. Postgres takes it whole (simple
+// protocol); SQLite's driver runs one statement per call, so split on ";" at
+// line ends (our migrations never put ";" at a line end inside a statement).
+func execScript(ctx context.Context, tx driver.Tx, script string) error {
+	if tx.Dialect() == driver.Postgres {
+		_, err := tx.Exec(ctx, script)
+		return err
+	}
+	for _, stmt := range splitStatements(script) {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("%w\n-- statement:\n%s", err, stmt)
+		}
+	}
+	return nil
+}
+
+func splitStatements(script string) []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.Split(script, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if strings.HasPrefix(trimmed, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteString("\n")
+		if strings.HasSuffix(trimmed, ";") {
+			if s := strings.TrimSpace(cur.String()); s != "" {
+				out = append(out, s)
+			}
+			cur.Reset()
+		}
+	}
+	if s := strings.TrimSpace(cur.String()); s != "" {
+		out = append(out, s)
+	}
+	return out
+}

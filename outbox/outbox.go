@@ -1,0 +1,278 @@
+// Package outbox writes events into the outbox table in the same local
+// transaction as the caller's business change (guarantee G1), allocating the
+// per-aggregate sequence under a row lock in that transaction (G3).
+//
+// Calls come in pairs, like river's Insert/InsertTx: [Writer.InsertTx] joins
+// the caller's transaction (pgx.Tx or *sql.Tx), [Writer.Insert] runs its own.
+//
+//	w, _ := outbox.New(pgxv5.New(pool))
+//	tx, _ := pool.Begin(ctx)
+//	defer tx.Rollback(ctx)
+//	// ... business writes in tx ...
+//	_, err := w.InsertTx(ctx, tx, ferry.Event{TenantID: "acme", AggregateType: "order", ...})
+//	tx.Commit(ctx)
+//
+// On Postgres the sequence allocation and the outbox insert travel in one
+// statement, so an outbox write costs one round trip per call whatever the
+// number of events.
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/driver"
+)
+
+// Writer writes events. It is safe for concurrent use and holds no
+// connection of its own beyond the driver's.
+type Writer[TTx any] struct {
+	drv    driver.Driver[TTx]
+	cfg    config
+	insert string // the dialect's insert statement, rendered once
+}
+
+type config struct {
+	tables ferry.Tables
+	limits ferry.Limits
+	topics ferry.TopicTemplate
+	shards int
+	notify string
+	now    func() time.Time
+}
+
+// Option configures a Writer.
+type Option func(*config)
+
+// WithTables sets the schema and table prefix (default: search_path, "ferry_").
+func WithTables(t ferry.Tables) Option { return func(c *config) { c.tables = t } }
+
+// WithLimits sets validation limits (default: ferry.Limits{}, i.e. 256 KiB payloads).
+func WithLimits(l ferry.Limits) Option { return func(c *config) { c.limits = l } }
+
+// WithTopicTemplate sets how a topic is derived when an event has none
+// (default "{aggregate_type}.events").
+func WithTopicTemplate(t ferry.TopicTemplate) Option { return func(c *config) { c.topics = t } }
+
+// WithShardCount sets N in shard = hash(aggregate) mod N (default 16). It is
+// fixed per deployment: every writer and relay must use the same N, and a
+// relay refuses rows written with another.
+func WithShardCount(n int) Option { return func(c *config) { c.shards = n } }
+
+// WithNotify makes each insert also NOTIFY channel (Postgres only), inside
+// the same statement, so a listening relay wakes at commit instead of at its
+// next poll. Notifications are delivered only if the transaction commits.
+func WithNotify(channel string) Option { return func(c *config) { c.notify = channel } }
+
+// WithClock overrides time.Now (tests).
+func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// New returns a Writer over drv. It validates the configuration and renders
+// its SQL once.
+func New[TTx any](drv driver.Driver[TTx], opts ...Option) (*Writer[TTx], error) {
+	cfg := config{shards: ferry.DefaultShardCount, now: time.Now}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.tables.Check(); err != nil {
+		return nil, err
+	}
+	if err := cfg.limits.Check(); err != nil {
+		return nil, err
+	}
+	if err := cfg.topics.Check(); err != nil {
+		return nil, err
+	}
+	if cfg.shards < 1 || cfg.shards > ferry.MaxShardCount {
+		return nil, &ferry.ConfigError{Field: "shard_count", Reason: fmt.Sprintf("must be in 1..%d, got %d", ferry.MaxShardCount, cfg.shards)}
+	}
+	if cfg.notify != "" {
+		if drv.Dialect() != driver.Postgres {
+			return nil, &ferry.ConfigError{Field: "notify", Reason: "LISTEN/NOTIFY needs Postgres"}
+		}
+		if len(cfg.notify) > 63 || !channelRE.MatchString(cfg.notify) {
+			return nil, &ferry.ConfigError{Field: "notify", Reason: "channel must match [a-z_][a-z0-9_]* and be at most 63 bytes"}
+		}
+	}
+	w := &Writer[TTx]{drv: drv, cfg: cfg}
+	switch drv.Dialect() {
+	case driver.Postgres:
+		w.insert = postgresInsertSQL(cfg.tables, cfg.notify)
+	case driver.SQLite:
+		w.insert = sqliteInsertSQL(cfg.tables)
+	default:
+		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", drv.Dialect())}
+	}
+	return w, nil
+}
+
+var channelRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// ShardCount returns the configured N.
+func (w *Writer[TTx]) ShardCount() int { return w.cfg.shards }
+
+// Insert writes events in a transaction of its own and commits it. Use it
+// for events that announce nothing else written by the caller; otherwise use
+// InsertTx, which is the point of an outbox.
+func (w *Writer[TTx]) Insert(ctx context.Context, events ...ferry.Event) ([]ferry.Event, error) {
+	tx, err := w.drv.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	out, err := w.insertExec(ctx, tx, events)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("outbox: commit: %w", err)
+	}
+	return out, nil
+}
+
+// InsertTx writes events inside tx, the caller's transaction: they exist if
+// and only if tx commits. It returns the events with their assigned fields
+// (ID, AggregateSeq, Topic, Shard, OccurredAt, ContentType).
+//
+// All events are validated before anything is written. On any error nothing
+// from this call is written, but on Postgres the caller's transaction may be
+// aborted by a failed statement: roll it back.
+func (w *Writer[TTx]) InsertTx(ctx context.Context, tx TTx, events ...ferry.Event) ([]ferry.Event, error) {
+	return w.insertExec(ctx, w.drv.UnwrapExecutor(tx), events)
+}
+
+// insertExec validates, normalises and writes events through exec.
+func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, events []ferry.Event) ([]ferry.Event, error) {
+	if len(events) == 0 {
+		return nil, nil
+	}
+	if len(events) > MaxEventsPerCall {
+		return nil, &ferry.ValidationError{Index: MaxEventsPerCall, Field: "events", Reason: fmt.Sprintf("%d events in one call exceeds the limit of %d", len(events), MaxEventsPerCall)}
+	}
+	now := w.cfg.now().UTC()
+	out := make([]ferry.Event, len(events))
+	for i := range events {
+		e := events[i]
+		if err := w.cfg.limits.Validate(i, &e); err != nil {
+			return nil, err
+		}
+		if err := ferry.Normalize(&e, w.cfg.topics, w.cfg.shards, now); err != nil {
+			return nil, err
+		}
+		if err := w.cfg.limits.Validate(i, &e); err != nil { // the rendered topic too
+			return nil, err
+		}
+		out[i] = e
+	}
+	plan, err := planBatch(out)
+	if err != nil {
+		return nil, err
+	}
+	if plan.expected {
+		// A caller-supplied version may not match: run under a savepoint so
+		// a mismatch undoes the sequence bump too and nothing is written.
+		return w.insertChecked(ctx, exec, out, plan)
+	}
+	if err := w.write(ctx, exec, out, plan); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// MaxEventsPerCall bounds one call; larger batches belong in several calls.
+const MaxEventsPerCall = 10000
+
+func (w *Writer[TTx]) insertChecked(ctx context.Context, exec driver.Executor, events []ferry.Event, plan batchPlan) ([]ferry.Event, error) {
+	if _, err := exec.Exec(ctx, "SAVEPOINT ferry_outbox_insert"); err != nil {
+		return nil, fmt.Errorf("outbox: savepoint: %w", err)
+	}
+	// Remember what the caller asked for; write() overwrites AggregateSeq.
+	want := make([]int64, len(events))
+	for i := range events {
+		want[i] = events[i].AggregateSeq
+	}
+	err := w.write(ctx, exec, events, plan)
+	if err == nil {
+		for i := range events {
+			if want[i] != 0 && want[i] != events[i].AggregateSeq {
+				e := events[i]
+				err = &ferry.SequenceConflictError{TenantID: e.TenantID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+					Expected: want[i], Next: e.AggregateSeq}
+				break
+			}
+		}
+	}
+	if err != nil {
+		if _, rbErr := exec.Exec(ctx, "ROLLBACK TO SAVEPOINT ferry_outbox_insert"); rbErr != nil {
+			return nil, errors.Join(err, fmt.Errorf("outbox: rollback to savepoint: %w", rbErr))
+		}
+		_, _ = exec.Exec(ctx, "RELEASE SAVEPOINT ferry_outbox_insert")
+		return nil, err
+	}
+	if _, err := exec.Exec(ctx, "RELEASE SAVEPOINT ferry_outbox_insert"); err != nil {
+		return nil, fmt.Errorf("outbox: release savepoint: %w", err)
+	}
+	return events, nil
+}
+
+// batchPlan groups a call's events by aggregate.
+type batchPlan struct {
+	aggs     []aggKey // in order of first appearance
+	count    map[aggKey]int64
+	ord      []int64 // 1-based position of each event within its aggregate
+	expected bool    // some event carries a caller-supplied sequence
+}
+
+type aggKey struct{ tenant, typ, id string }
+
+func planBatch(events []ferry.Event) (batchPlan, error) {
+	p := batchPlan{count: map[aggKey]int64{}, ord: make([]int64, len(events))}
+	first := map[aggKey]int64{} // caller-supplied seq of the aggregate's first event
+	for i, e := range events {
+		k := aggKey{e.TenantID, e.AggregateType, e.AggregateID}
+		if _, seen := p.count[k]; !seen {
+			p.aggs = append(p.aggs, k)
+			first[k] = e.AggregateSeq
+		}
+		p.count[k]++
+		p.ord[i] = p.count[k]
+		if e.AggregateSeq != 0 {
+			p.expected = true
+			// Within one call, supplied sequences must run on consecutively
+			// from the aggregate's first event, and all or none are supplied.
+			if first[k] == 0 || e.AggregateSeq != first[k]+p.ord[i]-1 {
+				return p, &ferry.ValidationError{Index: i, Field: "aggregate_seq",
+					Reason: "caller-supplied sequences of one aggregate in one call must all be given and consecutive"}
+			}
+		} else if first[k] != 0 {
+			return p, &ferry.ValidationError{Index: i, Field: "aggregate_seq",
+				Reason: "caller-supplied sequences of one aggregate in one call must all be given and consecutive"}
+		}
+	}
+	return p, nil
+}
+
+func (w *Writer[TTx]) write(ctx context.Context, exec driver.Executor, events []ferry.Event, plan batchPlan) error {
+	var err error
+	switch exec.Dialect() {
+	case driver.Postgres:
+		err = w.writePostgres(ctx, exec, events)
+	case driver.SQLite:
+		err = w.writeSQLite(ctx, exec, events, plan)
+	default:
+		err = fmt.Errorf("outbox: unsupported dialect %q", exec.Dialect())
+	}
+	var uv *driver.UniqueViolationError
+	if errors.As(err, &uv) && strings.Contains(uv.Constraint, "event_id") {
+		return fmt.Errorf("outbox: %w: %w", ferry.ErrDuplicateEventID, err)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: insert: %w", err)
+	}
+	return nil
+}
