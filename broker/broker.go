@@ -129,9 +129,12 @@ func ClassOf(err error) Class {
 // broker's own acknowledgement rules behind Delivery.Ack (e.g. Kafka commits
 // an offset only when every earlier record of the partition is acked).
 type Consumer interface {
-	// Consume calls handle for each message until ctx is cancelled or a
-	// fatal error occurs. handle may be called concurrently for messages of
-	// different aggregates; messages of one aggregate arrive in broker order.
+	// Consume calls handle for each message, from one goroutine, in broker
+	// order, until ctx is cancelled (then it returns nil after releasing
+	// the subscription) or a fatal error occurs. handle may block to apply
+	// back-pressure. Delivery.Ack and Delivery.Nack may be called later,
+	// from any goroutine and in any order; the adapter must be safe for
+	// that (the inbox applies messages of different aggregates in parallel).
 	Consume(ctx context.Context, handle func(context.Context, *Delivery)) error
 	Close() error
 }
