@@ -1,0 +1,430 @@
+package cloudevents
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/ferryhq/ferry"
+)
+
+// Binding names a CloudEvents protocol binding. Each binding has its own
+// header prefix; the attribute names after the prefix are the same.
+type Binding int
+
+// The supported protocol bindings.
+const (
+	NATS  Binding = iota + 1 // prefix "ce-", content type in "content-type"
+	Kafka                    // prefix "ce_", content type in "content-type"
+	AMQP                     // prefix "cloudEvents:", content type in the AMQP content-type property
+)
+
+// String names the binding.
+func (b Binding) String() string {
+	switch b {
+	case NATS:
+		return "nats"
+	case Kafka:
+		return "kafka"
+	case AMQP:
+		return "amqp"
+	}
+	return "binding(" + strconv.Itoa(int(b)) + ")"
+}
+
+// Valid reports whether b is one of the defined bindings.
+func (b Binding) Valid() bool { return b >= NATS && b <= AMQP }
+
+// Prefix is the header-name prefix of CloudEvents attributes in b:
+// "ce-" (NATS), "ce_" (Kafka), "cloudEvents:" (AMQP), "" for an invalid binding.
+func (b Binding) Prefix() string {
+	switch b {
+	case NATS:
+		return "ce-"
+	case Kafka:
+		return "ce_"
+	case AMQP:
+		return "cloudEvents:"
+	}
+	return ""
+}
+
+// Header returns the header name of the CloudEvents attribute attr (for
+// example "id", "sequence") in b. The datacontenttype attribute is
+// [ContentTypeHeader] in every binding instead.
+func (b Binding) Header(attr string) string {
+	if attr == AttrDataContentType {
+		return ContentTypeHeader
+	}
+	return b.Prefix() + attr
+}
+
+// ContentTypeHeader is the map key carrying datacontenttype in every
+// binding: the NATS and Kafka bindings define exactly this lower-case
+// header; for AMQP it stands for the message's content-type property, which
+// the AMQP adapter moves out of the map into the property (and back when
+// receiving).
+const ContentTypeHeader = "content-type"
+
+// SpecVersion is the only CloudEvents version produced and accepted.
+const SpecVersion = "1.0"
+
+// DefaultSource is the CloudEvents source when EncodeOptions.Source is empty.
+const DefaultSource = "ferry"
+
+// CloudEvents context attributes and the Ferry extension attributes, as
+// they appear after the binding's prefix. Extension names are lower-case
+// alphanumeric, as the specification requires.
+const (
+	AttrSpecVersion     = "specversion"
+	AttrID              = "id"
+	AttrSource          = "source"
+	AttrType            = "type"
+	AttrSubject         = "subject"
+	AttrTime            = "time"
+	AttrDataSchema      = "dataschema"
+	AttrDataContentType = "datacontenttype"
+
+	ExtSequence      = "sequence"      // aggregate_seq, decimal
+	ExtPartitionKey  = "partitionkey"  // ferry.AggregateKey(tenant, aggregate type, aggregate id)
+	ExtTraceparent   = "traceparent"   // W3C trace context
+	ExtCorrelationID = "correlationid" // headers.correlation_id
+	ExtCausationID   = "causationid"   // headers.causation_id
+	ExtTenantID      = "tenantid"      // tenant_id
+	ExtSchemaVersion = "schemaversion" // schema_version, decimal
+	ExtAggregateType = "aggregatetype" // aggregate_type
+	ExtPrincipal     = "principal"     // headers.principal
+	ExtAction        = "action"        // headers.action
+	ExtTarget        = "target"        // headers.target
+)
+
+// EncodeOptions tunes Encode.
+type EncodeOptions struct {
+	// Source is the CloudEvents source attribute, a URI-reference naming
+	// the producing service, e.g. "ferry://orders-service". Default "ferry".
+	Source string
+}
+
+// Sentinel errors.
+var (
+	// ErrNotCloudEvent matches every Decode error: the message is not a
+	// valid Ferry event in CloudEvents binary mode. The concrete error is a
+	// *DecodeError naming the attribute.
+	ErrNotCloudEvent = errors.New("cloudevents: not a valid Ferry CloudEvents message")
+)
+
+// DecodeError names the attribute (and header) that is missing or
+// malformed. Its message quotes at most a short prefix of the offending
+// value and never the body.
+type DecodeError struct {
+	Binding   Binding
+	Attribute string // e.g. "id", "sequence", "datacontenttype"
+	Header    string // the header name looked up, e.g. "ce-id"
+	Reason    string
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("cloudevents: %s message: attribute %s (header %q): %s", e.Binding, e.Attribute, e.Header, e.Reason)
+}
+
+// Is reports ErrNotCloudEvent.
+func (e *DecodeError) Is(target error) bool { return target == ErrNotCloudEvent }
+
+// Encode maps ev onto binding b in CloudEvents 1.0 binary mode. headers
+// holds the attribute headers, named exactly as the binding defines them
+// (lower case), and "content-type" for datacontenttype; body is ev.Payload
+// (not copied). Optional attributes and extensions are omitted when empty;
+// dataschema is never set (Ferry has no schema URI to derive it from). An
+// empty ev.ContentType is written as ferry.DefaultContentType, the value the
+// outbox writer assigns. Broker-native ids (NATS Nats-Msg-Id, AMQP
+// message-id, the Kafka key) are not in the map: the adapters set them.
+//
+// Encode panics if b is not a defined Binding (a programming error, like
+// an invalid regexp literal); it never looks at b's validity otherwise.
+func Encode(b Binding, ev ferry.Event, opts EncodeOptions) (headers map[string]string, body []byte) {
+	if !b.Valid() {
+		panic(fmt.Sprintf("cloudevents: Encode with undefined binding %d", int(b)))
+	}
+	p := b.Prefix()
+	source := opts.Source
+	if source == "" {
+		source = DefaultSource
+	}
+	ct := ev.ContentType
+	if ct == "" {
+		ct = ferry.DefaultContentType
+	}
+	h := make(map[string]string, 16)
+	h[p+AttrSpecVersion] = SpecVersion
+	h[p+AttrID] = ev.ID.String()
+	h[p+AttrSource] = source
+	h[p+AttrType] = ev.EventType
+	h[p+AttrSubject] = ev.AggregateID
+	h[p+AttrTime] = ev.OccurredAt.UTC().Format(time.RFC3339Nano)
+	h[ContentTypeHeader] = ct
+	h[p+ExtSequence] = strconv.FormatInt(ev.AggregateSeq, 10)
+	h[p+ExtPartitionKey] = ferry.AggregateKey(ev.TenantID, ev.AggregateType, ev.AggregateID)
+	h[p+ExtTenantID] = ev.TenantID
+	h[p+ExtAggregateType] = ev.AggregateType
+	h[p+ExtSchemaVersion] = strconv.Itoa(ev.SchemaVersion)
+	opt := func(name, v string) {
+		if v != "" {
+			h[p+name] = v
+		}
+	}
+	opt(ExtTraceparent, ev.Headers.Traceparent)
+	opt(ExtCorrelationID, ev.Headers.CorrelationID)
+	opt(ExtCausationID, ev.Headers.CausationID)
+	opt(ExtPrincipal, ev.Headers.Principal)
+	opt(ExtAction, ev.Headers.Action)
+	opt(ExtTarget, ev.Headers.Target)
+	return h, ev.Payload
+}
+
+// Decode reconstructs a ferry.Event from a binary-mode message of binding b.
+// Every field is filled except Topic (the caller knows the destination) and
+// Shard (a producer-side detail). Header names are matched exactly first and
+// then case-insensitively, so a broker or proxy that changes case does not
+// lose attributes; two differently-cased headers for one attribute with
+// different values are rejected as ambiguous. For AMQP the prefix
+// "cloudEvents_" (the binding's JMS-compatible form) is accepted too.
+//
+// Required: specversion "1.0", id (a UUID), source, type, subject, time
+// (RFC 3339), datacontenttype, and the extensions sequence (>= 1),
+// tenantid, aggregatetype and schemaversion (>= 1). partitionkey, when
+// present, must equal ferry.AggregateKey of the decoded aggregate. Every
+// string attribute must be valid UTF-8 without control characters. The
+// returned Payload aliases body. Decode never panics; every error is a
+// *DecodeError matching ErrNotCloudEvent.
+func Decode(b Binding, headers map[string]string, body []byte) (ferry.Event, error) {
+	ev, err := decode(b, headers, body)
+	if err != nil {
+		return ferry.Event{}, err
+	}
+	return ev, nil
+}
+
+func decode(b Binding, headers map[string]string, body []byte) (ferry.Event, error) {
+	var ev ferry.Event
+	if !b.Valid() {
+		return ev, &DecodeError{Binding: b, Attribute: AttrSpecVersion, Reason: "undefined binding"}
+	}
+	d := decoder{b: b, h: headers}
+
+	sv, err := d.get(AttrSpecVersion, true)
+	if err != nil {
+		return ev, err
+	}
+	if sv != SpecVersion {
+		return ev, d.bad(AttrSpecVersion, "unsupported spec version %q, want %q", short(sv), SpecVersion)
+	}
+
+	idStr, err := d.get(AttrID, true)
+	if err != nil {
+		return ev, err
+	}
+	if len(idStr) != 36 {
+		return ev, d.bad(AttrID, "%q is not a UUID in canonical 8-4-4-4-12 form", short(idStr))
+	}
+	id, perr := uuid.Parse(idStr)
+	if perr != nil {
+		return ev, d.bad(AttrID, "%q is not a UUID: %v", short(idStr), perr)
+	}
+	if id == uuid.Nil {
+		return ev, d.bad(AttrID, "must not be the nil UUID")
+	}
+	ev.ID = id
+
+	if _, err := d.get(AttrSource, true); err != nil {
+		return ev, err
+	}
+	if ev.EventType, err = d.get(AttrType, true); err != nil {
+		return ev, err
+	}
+	if ev.AggregateID, err = d.get(AttrSubject, true); err != nil {
+		return ev, err
+	}
+
+	ts, err := d.get(AttrTime, true)
+	if err != nil {
+		return ev, err
+	}
+	t, perr := time.Parse(time.RFC3339Nano, ts)
+	if perr != nil {
+		return ev, d.bad(AttrTime, "%q is not an RFC 3339 timestamp", short(ts))
+	}
+	ev.OccurredAt = t.UTC()
+	if y := ev.OccurredAt.Year(); y < 1 || y > 9999 {
+		// Outside 0001..9999 UTC the timestamp cannot be written back as
+		// RFC 3339, so the event would not round-trip.
+		return ev, d.bad(AttrTime, "%q is outside years 0001..9999 UTC", short(ts))
+	}
+
+	if ev.ContentType, err = d.get(AttrDataContentType, true); err != nil {
+		return ev, err
+	}
+
+	seq, err := d.get(ExtSequence, true)
+	if err != nil {
+		return ev, err
+	}
+	n, ok := parseDecimal(seq)
+	if !ok || n < 1 {
+		return ev, d.bad(ExtSequence, "%q is not a decimal integer >= 1 without sign or leading zeros", short(seq))
+	}
+	ev.AggregateSeq = n
+
+	if ev.TenantID, err = d.get(ExtTenantID, true); err != nil {
+		return ev, err
+	}
+	if ev.AggregateType, err = d.get(ExtAggregateType, true); err != nil {
+		return ev, err
+	}
+
+	sch, err := d.get(ExtSchemaVersion, true)
+	if err != nil {
+		return ev, err
+	}
+	n, ok = parseDecimal(sch)
+	if !ok || n < 1 || n > int64(maxInt) {
+		return ev, d.bad(ExtSchemaVersion, "%q is not a decimal integer >= 1 without sign or leading zeros", short(sch))
+	}
+	ev.SchemaVersion = int(n)
+
+	pk, err := d.get(ExtPartitionKey, false)
+	if err != nil {
+		return ev, err
+	}
+	if pk != "" {
+		if want := ferry.AggregateKey(ev.TenantID, ev.AggregateType, ev.AggregateID); pk != want {
+			return ev, d.bad(ExtPartitionKey, "%q does not match tenantid/aggregatetype/subject %q", short(pk), short(want))
+		}
+	}
+
+	for _, f := range []struct {
+		attr string
+		dst  *string
+	}{
+		{ExtTraceparent, &ev.Headers.Traceparent},
+		{ExtCorrelationID, &ev.Headers.CorrelationID},
+		{ExtCausationID, &ev.Headers.CausationID},
+		{ExtPrincipal, &ev.Headers.Principal},
+		{ExtAction, &ev.Headers.Action},
+		{ExtTarget, &ev.Headers.Target},
+	} {
+		if *f.dst, err = d.get(f.attr, false); err != nil {
+			return ev, err
+		}
+	}
+	if _, err := d.get(AttrDataSchema, false); err != nil {
+		return ev, err
+	}
+	ev.Payload = body
+	return ev, nil
+}
+
+const maxInt = int(^uint(0) >> 1)
+
+type decoder struct {
+	b Binding
+	h map[string]string
+}
+
+func (d decoder) names(attr string) []string {
+	if attr == AttrDataContentType {
+		return []string{ContentTypeHeader}
+	}
+	if d.b == AMQP {
+		return []string{"cloudEvents:" + attr, "cloudEvents_" + attr}
+	}
+	return []string{d.b.Prefix() + attr}
+}
+
+func (d decoder) bad(attr, format string, args ...any) *DecodeError {
+	return &DecodeError{Binding: d.b, Attribute: attr, Header: d.b.Header(attr), Reason: fmt.Sprintf(format, args...)}
+}
+
+// get looks attr up: exact names first, then case-insensitively. It
+// rejects an empty required value, invalid UTF-8 and control characters.
+func (d decoder) get(attr string, required bool) (string, error) {
+	names := d.names(attr)
+	var (
+		v     string
+		found bool
+	)
+	for _, n := range names {
+		if x, ok := d.h[n]; ok {
+			if found && x != v {
+				return "", d.bad(attr, "present under two header names with different values")
+			}
+			v, found = x, true
+		}
+	}
+	if !found {
+		for k, x := range d.h {
+			for _, n := range names {
+				if len(k) == len(n) && strings.EqualFold(k, n) {
+					if found && x != v {
+						return "", d.bad(attr, "present under two header names differing in case with different values")
+					}
+					v, found = x, true
+				}
+			}
+		}
+	}
+	if v == "" {
+		if required {
+			if attr == AttrSpecVersion {
+				return "", d.bad(attr, "missing: not a CloudEvents binary-mode message (structured mode is not supported)")
+			}
+			return "", d.bad(attr, "missing or empty")
+		}
+		return "", nil
+	}
+	if !utf8.ValidString(v) {
+		return "", d.bad(attr, "not valid UTF-8")
+	}
+	for _, r := range v {
+		if r < 0x20 || r == 0x7f {
+			return "", d.bad(attr, "contains a control character")
+		}
+	}
+	return v, nil
+}
+
+// parseDecimal accepts only the canonical decimal form Encode writes: no
+// sign, no leading zeros, no spaces; anything else would not round-trip.
+func parseDecimal(s string) (int64, bool) {
+	if s == "" || len(s) > 19 || (len(s) > 1 && s[0] == '0') {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return n, true
+}
+
+// short quotes at most 64 bytes of a header value in errors.
+func short(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return s
+	}
+	for i := max; i > 0; i-- {
+		if utf8.RuneStart(s[i]) {
+			return s[:i] + "…"
+		}
+	}
+	return ""
+}
