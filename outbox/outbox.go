@@ -32,9 +32,11 @@ import (
 // Writer writes events. It is safe for concurrent use and holds no
 // connection of its own beyond the driver's.
 type Writer[TTx any] struct {
-	drv    driver.Driver[TTx]
-	cfg    config
-	insert string // the dialect's insert statement, rendered once
+	drv       driver.Driver[TTx]
+	cfg       config
+	insert    string // the dialect's insert statement, rendered once
+	insertOne string // Postgres: the single-event form
+	seq       string // SQLite: the sequence upsert
 }
 
 type config struct {
@@ -103,8 +105,10 @@ func New[TTx any](drv driver.Driver[TTx], opts ...Option) (*Writer[TTx], error) 
 	switch drv.Dialect() {
 	case driver.Postgres:
 		w.insert = postgresInsertSQL(cfg.tables, cfg.notify)
+		w.insertOne = postgresInsertOneSQL(cfg.tables, cfg.notify)
 	case driver.SQLite:
 		w.insert = sqliteInsertSQL(cfg.tables)
+		w.seq = sqliteSeqSQL(cfg.tables)
 	default:
 		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", drv.Dialect())}
 	}

@@ -56,8 +56,57 @@ ORDER BY i.pos
 RETURNING aggregate_seq`, t.Name("aggregate_seq"), t.Name("outbox"), notifyJoin)
 }
 
+// postgresInsertOneSQL is the single-event form of postgresInsertSQL: no
+// arrays to unnest and nothing to group, so the planner has less to do on
+// the most common call.
+func postgresInsertOneSQL(t ferry.Tables, notify string) string {
+	notifyJoin := ""
+	if notify != "" {
+		notifyJoin = fmt.Sprintf(" CROSS JOIN (SELECT pg_notify('%s', '')) AS n", notify)
+	}
+	return fmt.Sprintf(`WITH seq AS (
+    INSERT INTO %[1]s AS s (tenant_id, aggregate_type, aggregate_id, last_seq) VALUES ($2, $3, $4, 1)
+    ON CONFLICT (tenant_id, aggregate_type, aggregate_id) DO UPDATE SET last_seq = s.last_seq + 1
+    RETURNING last_seq
+)
+INSERT INTO %[2]s (event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
+    topic, shard, shard_count, content_type, payload, occurred_at,
+    traceparent, correlation_id, causation_id, principal, action, target, next_attempt_at)
+SELECT $1, $2, $3, $4, seq.last_seq, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, now()
+FROM seq%[3]s
+RETURNING aggregate_seq`, t.Name("aggregate_seq"), t.Name("outbox"), notifyJoin)
+}
+
+func (w *Writer[TTx]) writePostgresOne(ctx context.Context, exec driver.Executor, e *ferry.Event) error {
+	payload := e.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	h := e.Headers
+	rows, err := exec.Query(ctx, w.insertOne, e.ID.String(), e.TenantID, e.AggregateType, e.AggregateID, e.EventType, int32(e.SchemaVersion),
+		e.Topic, int32(e.Shard), int32(w.cfg.shards), e.ContentType, payload, e.OccurredAt,
+		h.Traceparent, h.CorrelationID, h.CausationID, h.Principal, h.Action, h.Target)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("outbox: insert returned no row")
+	}
+	if err := rows.Scan(&e.AggregateSeq); err != nil {
+		return err
+	}
+	return rows.Err()
+}
+
 func (w *Writer[TTx]) writePostgres(ctx context.Context, exec driver.Executor, events []ferry.Event) error {
 	n := len(events)
+	if n == 1 {
+		return w.writePostgresOne(ctx, exec, &events[0])
+	}
 	var (
 		ids, tenants, aggTypes, aggIDs, types, topics, cts = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		tps, corrs, causes, principals, actions, targets   = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)

@@ -27,9 +27,8 @@ RETURNING last_seq`, t.Name("aggregate_seq"))
 
 func (w *Writer[TTx]) writeSQLite(ctx context.Context, exec driver.Executor, events []ferry.Event, plan batchPlan) error {
 	last := make(map[aggKey]int64, len(plan.aggs))
-	seqSQL := sqliteSeqSQL(w.cfg.tables)
 	for _, k := range plan.aggs {
-		rows, err := exec.Query(ctx, seqSQL, k.tenant, k.typ, k.id, plan.count[k])
+		rows, err := exec.Query(ctx, w.seq, k.tenant, k.typ, k.id, plan.count[k])
 		if err != nil {
 			return err
 		}
