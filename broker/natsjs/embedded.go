@@ -1,0 +1,249 @@
+package natsjs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Embedded is an in-process NATS server with JetStream, for the embedded
+// stack (ferry demo, SQLite deployments) and for tests that need to stop
+// and restart a broker. It listens on loopback only.
+//
+// Shutdown stops it and keeps the store; Restart brings it back on the same
+// port and store directory, so clients reconnect to the same URL and find
+// their streams and consumers again. Close stops it for good and removes a
+// store directory it created itself.
+type Embedded struct {
+	mu       sync.Mutex
+	opts     server.Options
+	srv      *server.Server
+	storeDir string
+	ownsDir  bool
+	closed   bool
+}
+
+// EmbeddedOption configures StartEmbedded.
+type EmbeddedOption func(*embeddedConfig) error
+
+type embeddedConfig struct {
+	storeDir     string
+	port         int
+	maxPayload   int32
+	syncAlways   bool
+	syncInterval time.Duration
+	readyTimeout time.Duration
+}
+
+// WithStoreDir keeps JetStream's files in dir (created if missing) instead
+// of a fresh temporary directory. Use it to keep data across process
+// restarts; Close does not remove a directory given here.
+func WithStoreDir(dir string) EmbeddedOption {
+	return func(c *embeddedConfig) error {
+		if dir == "" {
+			return errors.New("natsjs: WithStoreDir: dir must not be empty")
+		}
+		c.storeDir = dir
+		return nil
+	}
+}
+
+// WithPort listens on the given loopback port instead of a random free one.
+func WithPort(port int) EmbeddedOption {
+	return func(c *embeddedConfig) error {
+		if port < 1 || port > 65535 {
+			return fmt.Errorf("natsjs: WithPort: %d is outside 1..65535", port)
+		}
+		c.port = port
+		return nil
+	}
+}
+
+// WithMaxPayload sets the server's max_payload in bytes (default 1 MiB);
+// messages above it are rejected by the client before sending.
+func WithMaxPayload(n int32) EmbeddedOption {
+	return func(c *embeddedConfig) error {
+		if n < 1 {
+			return fmt.Errorf("natsjs: WithMaxPayload: %d must be >= 1", n)
+		}
+		c.maxPayload = n
+		return nil
+	}
+}
+
+// WithSyncAlways makes JetStream fsync every message before acknowledging
+// it (sync_interval: always). Without it an acknowledged message can be lost
+// if the machine (not just the process) crashes within the sync interval.
+// It costs throughput; the embedded default is the server's default
+// (fsync every 2 minutes, writes go to the OS page cache at once).
+func WithSyncAlways() EmbeddedOption {
+	return func(c *embeddedConfig) error {
+		c.syncAlways = true
+		return nil
+	}
+}
+
+// WithSyncInterval sets JetStream's periodic fsync interval.
+func WithSyncInterval(d time.Duration) EmbeddedOption {
+	return func(c *embeddedConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("natsjs: WithSyncInterval: %v must be > 0", d)
+		}
+		c.syncInterval = d
+		return nil
+	}
+}
+
+// StartEmbedded starts an in-process NATS server with JetStream (file
+// storage) on 127.0.0.1 and waits until it accepts connections.
+func StartEmbedded(opts ...EmbeddedOption) (*Embedded, error) {
+	cfg := embeddedConfig{readyTimeout: 10 * time.Second}
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	e := &Embedded{storeDir: cfg.storeDir}
+	if e.storeDir == "" {
+		dir, err := os.MkdirTemp("", "ferry-nats-*")
+		if err != nil {
+			return nil, fmt.Errorf("natsjs: embedded store dir: %w", err)
+		}
+		e.storeDir, e.ownsDir = dir, true
+	} else if err := os.MkdirAll(e.storeDir, 0o700); err != nil {
+		return nil, fmt.Errorf("natsjs: embedded store dir: %w", err)
+	}
+	port := cfg.port
+	if port == 0 {
+		p, err := freePort()
+		if err != nil {
+			e.removeDir()
+			return nil, err
+		}
+		port = p
+	}
+	e.opts = server.Options{
+		ServerName:   "ferry-embedded",
+		Host:         "127.0.0.1",
+		Port:         port,
+		JetStream:    true,
+		StoreDir:     e.storeDir,
+		MaxPayload:   cfg.maxPayload,
+		SyncAlways:   cfg.syncAlways,
+		SyncInterval: cfg.syncInterval,
+		NoLog:        true,
+		NoSigs:       true,
+		HTTPPort:     0,
+	}
+	if err := e.start(); err != nil {
+		e.removeDir()
+		return nil, err
+	}
+	return e, nil
+}
+
+// freePort asks the kernel for a free loopback port. The port is fixed for
+// the Embedded's lifetime so that Restart comes back at the same URL.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("natsjs: find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (e *Embedded) start() error {
+	opts := e.opts // the server keeps and mutates its copy
+	srv, err := server.NewServer(&opts)
+	if err != nil {
+		return fmt.Errorf("natsjs: embedded server: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return fmt.Errorf("natsjs: embedded server on port %d not ready within 10s", e.opts.Port)
+	}
+	e.srv = srv
+	return nil
+}
+
+// ClientURL is the nats:// URL clients connect to. It stays the same
+// across Shutdown and Restart.
+func (e *Embedded) ClientURL() string {
+	return "nats://" + net.JoinHostPort(e.opts.Host, strconv.Itoa(e.opts.Port))
+}
+
+// StoreDir is where JetStream keeps its files.
+func (e *Embedded) StoreDir() string { return e.storeDir }
+
+// Running reports whether the server is up.
+func (e *Embedded) Running() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.srv != nil
+}
+
+// Shutdown stops the server and waits until it has stopped (every server
+// goroutine ended, files closed). The store is kept; Restart resumes from
+// it. Calling Shutdown on a stopped server does nothing.
+func (e *Embedded) Shutdown() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.shutdownLocked()
+}
+
+func (e *Embedded) shutdownLocked() {
+	if e.srv == nil {
+		return
+	}
+	e.srv.Shutdown()
+	e.srv.WaitForShutdown()
+	e.srv = nil
+}
+
+// Restart starts a stopped server again on the same port and store
+// directory (streams, consumers and messages are recovered from disk).
+// It fails if the server is running or closed, or if the port was taken
+// in the meantime.
+func (e *Embedded) Restart() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return errors.New("natsjs: Restart after Close")
+	}
+	if e.srv != nil {
+		return errors.New("natsjs: Restart of a running server")
+	}
+	return e.start()
+}
+
+// Close shuts the server down and removes the store directory if
+// StartEmbedded created it.
+func (e *Embedded) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.shutdownLocked()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	return e.removeDir()
+}
+
+func (e *Embedded) removeDir() error {
+	if !e.ownsDir {
+		return nil
+	}
+	if err := os.RemoveAll(e.storeDir); err != nil {
+		return fmt.Errorf("natsjs: remove store dir: %w", err)
+	}
+	return nil
+}
