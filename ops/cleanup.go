@@ -1,0 +1,349 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ferryhq/ferry/driver"
+)
+
+// Window is the replay/redelivery window that cleanup must not undercut.
+//
+// A consumer's inbox row is what makes a redelivered event a no-op (G4).
+// If the row is deleted while the event can still arrive again — the
+// broker redelivers within its dedup window, an operator replays from the
+// outbox, a consumer rewinds within the inbox's replay horizon — the event
+// is applied a second time. So no retention may be shorter than either.
+type Window struct {
+	// BrokerDedupWindow is the broker's dedup/redelivery window
+	// (JetStream's duplicate window, default 2 minutes).
+	BrokerDedupWindow time.Duration `json:"broker_dedup_window"`
+	// InboxReplayHorizon is how far back events may be redelivered or
+	// replayed to consumers (default 7 days).
+	InboxReplayHorizon time.Duration `json:"inbox_replay_horizon"`
+}
+
+// Min is the shortest retention the window allows: the larger of the two.
+func (w Window) Min() time.Duration { return max(w.BrokerDedupWindow, w.InboxReplayHorizon) }
+
+// Setting names in the ops_settings table.
+const (
+	SettingBrokerDedupWindow  = "broker_dedup_window"
+	SettingInboxReplayHorizon = "inbox_replay_horizon"
+)
+
+// ReplayWindow returns the effective window: for each part, the larger of
+// the stored setting and the WithMinimumWindow option.
+func (o *Ops) ReplayWindow(ctx context.Context) (Window, error) {
+	return o.replayWindow(ctx, o.db.Executor())
+}
+
+func (o *Ops) replayWindow(ctx context.Context, exec driver.Executor) (Window, error) {
+	rows, err := exec.Query(ctx, fmt.Sprintf(`SELECT name, value_seconds FROM %s WHERE name IN ($1, $2)`, o.t("ops_settings")),
+		SettingBrokerDedupWindow, SettingInboxReplayHorizon)
+	if err != nil {
+		return Window{}, fmt.Errorf("ops: read replay window settings: %w", err)
+	}
+	defer rows.Close()
+	w := o.cfg.window
+	for rows.Next() {
+		var name string
+		var secs int64
+		if err := rows.Scan(&name, &secs); err != nil {
+			return Window{}, fmt.Errorf("ops: read replay window settings: %w", err)
+		}
+		d := time.Duration(secs) * time.Second
+		switch name {
+		case SettingBrokerDedupWindow:
+			w.BrokerDedupWindow = max(w.BrokerDedupWindow, d)
+		case SettingInboxReplayHorizon:
+			w.InboxReplayHorizon = max(w.InboxReplayHorizon, d)
+		}
+	}
+	return w, rows.Err()
+}
+
+// SetReplayWindow stores the window in ops_settings (audited like every
+// action; a dry run without Approve). Shortening it is how an operator
+// deliberately allows shorter retention; the audit row records who and why.
+func (o *Ops) SetReplayWindow(ctx context.Context, w Window, a Approval) (Result, error) {
+	if w.BrokerDedupWindow < time.Second || w.InboxReplayHorizon < time.Second {
+		return Result{}, &ArgError{Field: "window", Reason: "both durations must be at least 1s"}
+	}
+	if err := a.check(); err != nil {
+		return Result{}, err
+	}
+	res := Result{Action: "settings.replay_window", DryRun: !a.Approve, Rows: 2}
+	if !a.Approve {
+		return res, nil
+	}
+	err := o.inTx(ctx, func(tx driver.Tx) error {
+		for name, d := range map[string]time.Duration{SettingBrokerDedupWindow: w.BrokerDedupWindow, SettingInboxReplayHorizon: w.InboxReplayHorizon} {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (name, value_seconds, updated_at) VALUES ($1, $2, $3)
+ON CONFLICT (name) DO UPDATE SET value_seconds = excluded.value_seconds, updated_at = excluded.updated_at`, o.t("ops_settings")),
+				name, int64(d/time.Second), o.now()); err != nil {
+				return fmt.Errorf("ops: store %s: %w", name, err)
+			}
+		}
+		id, err := o.writeAudit(ctx, tx, res.Action, a, w, nil, 2)
+		res.AuditID = id
+		return err
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// Cleanup limits.
+const (
+	DefaultCleanupBatch = 500
+	MaxCleanupBatch     = 10000
+)
+
+// CleanupOptions says what to delete. Every retention must be at least the
+// replay window; Cleanup refuses otherwise with ErrRetentionTooShort.
+type CleanupOptions struct {
+	// Retention keeps sent outbox rows published less than this long ago.
+	Retention time.Duration
+	// InboxRetention keeps inbox rows younger than this (default
+	// Retention). It must be at least Retention: an outbox row that can
+	// still be replayed needs its inbox rows to absorb the redelivery.
+	InboxRetention time.Duration
+	// EffectRetention keeps finished effect-ledger rows (succeeded, failed)
+	// younger than this (default InboxRetention). Pending, in-flight and
+	// unknown intents are never deleted.
+	EffectRetention time.Duration
+	// IncludeDiscarded also deletes discarded dead letters whose discard is
+	// older than Retention. Dead letters that were not discarded are never
+	// deleted: they are work for an operator.
+	IncludeDiscarded bool
+	// BatchSize bounds each DELETE (default DefaultCleanupBatch); each
+	// batch is its own short transaction selecting rows by primary key.
+	BatchSize int
+	// MaxBatches stops after this many batches per table (0: until done).
+	MaxBatches int
+	// Pause sleeps between batches to leave room for the producers.
+	Pause time.Duration
+}
+
+// CleanupResult counts deleted (or, on a dry run, eligible) rows per table.
+type CleanupResult struct {
+	DryRun    bool   `json:"dry_run"`
+	Window    Window `json:"window"`
+	Outbox    int64  `json:"outbox"`
+	Discarded int64  `json:"discarded_dead_letters"`
+	Inbox     int64  `json:"inbox"`
+	// ResolvedParked counts resolved parked messages (open ones are never deleted).
+	ResolvedParked int64 `json:"resolved_parked"`
+	Effects        int64 `json:"effects"`
+	Batches        int   `json:"batches"`
+	// Skipped names tables that are not installed (e.g. no inbox yet).
+	Skipped []string `json:"skipped,omitempty"`
+	AuditID int64    `json:"audit_id,omitempty"`
+}
+
+func (c *CleanupOptions) normalise() error {
+	if c.Retention <= 0 {
+		return &ArgError{Field: "retention", Reason: "must be > 0"}
+	}
+	if c.InboxRetention == 0 {
+		c.InboxRetention = c.Retention
+	}
+	if c.EffectRetention == 0 {
+		c.EffectRetention = c.InboxRetention
+	}
+	if c.InboxRetention < 0 || c.EffectRetention < 0 {
+		return &ArgError{Field: "inbox_retention", Reason: "must be > 0"}
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultCleanupBatch
+	}
+	if c.BatchSize < 1 || c.BatchSize > MaxCleanupBatch {
+		return &ArgError{Field: "batch_size", Reason: fmt.Sprintf("must be between 1 and %d", MaxCleanupBatch)}
+	}
+	if c.MaxBatches < 0 || c.Pause < 0 {
+		return &ArgError{Field: "max_batches", Reason: "must be >= 0"}
+	}
+	return nil
+}
+
+// CheckRetention returns a *RetentionError (ErrRetentionTooShort) when opts
+// would delete rows inside the window, naming both numbers.
+func CheckRetention(opts CleanupOptions, w Window) error {
+	if err := opts.normalise(); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		table string
+		d     time.Duration
+	}{{"outbox", opts.Retention}, {"inbox", opts.InboxRetention}, {"effects", opts.EffectRetention}} {
+		if c.d < w.Min() {
+			return &RetentionError{Table: c.table, Retention: c.d, Window: w.Min(), BrokerDedupWindow: w.BrokerDedupWindow, InboxReplayHorizon: w.InboxReplayHorizon}
+		}
+	}
+	if opts.InboxRetention < opts.Retention {
+		return &RetentionError{Table: "inbox", Retention: opts.InboxRetention, Window: opts.Retention,
+			BrokerDedupWindow: w.BrokerDedupWindow, InboxReplayHorizon: w.InboxReplayHorizon,
+			OutlivesOutbox: true}
+	}
+	return nil
+}
+
+// Cleanup deletes old rows in small batches: sent outbox rows published
+// before now-Retention, discarded dead letters when asked, inbox rows and
+// finished effect rows older than their retention. Each batch deletes at
+// most BatchSize rows chosen by primary key in its own transaction (on
+// Postgres with SKIP LOCKED, so it never waits behind the relay), so there
+// is no table-wide delete and no long lock. It refuses, before touching
+// anything, any retention shorter than the replay window.
+//
+// Without a.Approve it only counts what would go. An approved run writes
+// one audit row with the totals. The relay can call it on a schedule
+// (see RunCleanup) with Actor "relay/<instance>" and a fixed reason.
+func (o *Ops) Cleanup(ctx context.Context, opts CleanupOptions, a Approval) (CleanupResult, error) {
+	if err := opts.normalise(); err != nil {
+		return CleanupResult{}, err
+	}
+	if err := a.check(); err != nil {
+		return CleanupResult{}, err
+	}
+	w, err := o.ReplayWindow(ctx)
+	if err != nil {
+		return CleanupResult{}, err
+	}
+	res := CleanupResult{DryRun: !a.Approve, Window: w}
+	if err := CheckRetention(opts, w); err != nil {
+		return res, err
+	}
+	now := o.now()
+	for _, tgt := range o.cleanupTargets(ctx, opts, now, &res) {
+		if tgt.skip {
+			continue
+		}
+		n, batches, err := o.deleteBatches(ctx, tgt, opts, !a.Approve)
+		res.Batches += batches
+		*tgt.count += n
+		if err != nil {
+			return res, err
+		}
+	}
+	if a.Approve {
+		total := res.Outbox + res.Discarded + res.Inbox + res.ResolvedParked + res.Effects
+		err := o.inTx(ctx, func(tx driver.Tx) error {
+			id, err := o.writeAudit(ctx, tx, "cleanup", a, struct {
+				CleanupOptions
+				Result CleanupResult `json:"result"`
+			}{opts, res}, nil, total)
+			res.AuditID = id
+			return err
+		})
+		if err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// RunCleanup runs Cleanup every interval until ctx ends; it is the
+// scheduled mode for a long-running process such as the relay. Errors of
+// one run are logged and the next run tries again, except a retention
+// error, which is returned at once (the configuration is wrong).
+func (o *Ops) RunCleanup(ctx context.Context, every time.Duration, opts CleanupOptions, a Approval) error {
+	if every <= 0 {
+		return &ArgError{Field: "every", Reason: "must be > 0"}
+	}
+	a.Approve = true
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		res, err := o.Cleanup(ctx, opts, a)
+		switch {
+		case errors.Is(err, ErrRetentionTooShort), errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrReasonRequired), errors.Is(err, ErrActorRequired):
+			return err
+		case err != nil && ctx.Err() == nil:
+			o.cfg.log.WarnContext(ctx, "ferry cleanup failed", "err", err)
+		case err == nil:
+			o.cfg.log.InfoContext(ctx, "ferry cleanup", "outbox", res.Outbox, "inbox", res.Inbox, "effects", res.Effects, "batches", res.Batches)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// cleanupTarget is one table's eligible rows: a condition on the table
+// and the primary key to delete by.
+type cleanupTarget struct {
+	table string
+	key   string // primary key: a column or a row constructor "(a, b)"
+	sel   string // the select list for key (default key)
+	cond  string
+	args  []any
+	count *int64
+	skip  bool
+}
+
+func (o *Ops) cleanupTargets(ctx context.Context, opts CleanupOptions, now time.Time, res *CleanupResult) []cleanupTarget {
+	out := []cleanupTarget{
+		{table: "outbox", key: "id", cond: "status = 'sent' AND published_at < $1", args: []any{now.Add(-opts.Retention)}, count: &res.Outbox},
+	}
+	if opts.IncludeDiscarded {
+		out = append(out, cleanupTarget{table: "outbox", key: "id", cond: "status = 'dead' AND discarded_at IS NOT NULL AND discarded_at < $1",
+			args: []any{now.Add(-opts.Retention)}, count: &res.Discarded})
+	}
+	out = append(out, o.inboxCleanupTargets(ctx, opts, now, res)...)
+	out = append(out, o.effectCleanupTargets(ctx, opts, now, res)...)
+	return out
+}
+
+// deleteBatches deletes (or counts) t's rows in batches of opts.BatchSize.
+func (o *Ops) deleteBatches(ctx context.Context, t cleanupTarget, opts CleanupOptions, dryRun bool) (int64, int, error) {
+	exec := o.db.Executor()
+	if dryRun {
+		var n int64
+		err := queryRow(ctx, exec, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s`, o.t(t.table), t.cond), t.args, &n)
+		if err != nil {
+			return 0, 0, fmt.Errorf("ops: count %s cleanup: %w", t.table, err)
+		}
+		return n, 0, nil
+	}
+	lock := ""
+	if o.pg() {
+		lock = " FOR UPDATE SKIP LOCKED"
+	}
+	sel := t.sel
+	if sel == "" {
+		sel = t.key
+	}
+	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE %[2]s IN (SELECT %[6]s FROM %[1]s WHERE %[3]s LIMIT %[4]d%[5]s)`,
+		o.t(t.table), t.key, t.cond, opts.BatchSize, lock, sel)
+	var total int64
+	batches := 0
+	for opts.MaxBatches == 0 || batches < opts.MaxBatches {
+		if err := ctx.Err(); err != nil {
+			return total, batches, err
+		}
+		n, err := exec.Exec(ctx, q, t.args...)
+		if err != nil {
+			return total, batches, fmt.Errorf("ops: cleanup %s: %w", t.table, err)
+		}
+		batches++
+		total += n
+		if n < int64(opts.BatchSize) {
+			break
+		}
+		if opts.Pause > 0 {
+			select {
+			case <-ctx.Done():
+				return total, batches, ctx.Err()
+			case <-time.After(opts.Pause):
+			}
+		}
+	}
+	return total, batches, nil
+}

@@ -1,0 +1,181 @@
+package ops
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector exports Status as Prometheus metrics (prefix ferry_ops_),
+// computed from the tables at scrape time. It runs outside the relay and
+// the consumers on purpose: when the relay stops, its own gauges stop with
+// it, while these keep reporting the backlog growing — which is what the
+// "oldest pending age" alert must see.
+//
+// Register it once per process: prometheus.MustRegister(ops.NewCollector(o)).
+type Collector struct {
+	o        *Ops
+	timeout  time.Duration
+	softCap  int64
+	hardCap  int64
+	up       *prometheus.Desc
+	pending  *prometheus.Desc
+	oldest   *prometheus.Desc
+	dead     *prometheus.Desc
+	discard  *prometheus.Desc
+	total    *prometheus.Desc
+	totalAge *prometheus.Desc
+	soft     *prometheus.Desc
+	hard     *prometheus.Desc
+	unowned  *prometheus.Desc
+	owned    *prometheus.Desc
+	live     *prometheus.Desc
+	parked   *prometheus.Desc
+	parkAge  *prometheus.Desc
+	gaps     *prometheus.Desc
+	gapAge   *prometheus.Desc
+	applied  *prometheus.Desc
+	effects  *prometheus.Desc
+	unknown  *prometheus.Desc
+	slotLag  *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// CollectorOption configures a Collector.
+type CollectorOption func(*Collector)
+
+// WithScrapeTimeout bounds the queries of one scrape (default 5 s).
+func WithScrapeTimeout(d time.Duration) CollectorOption { return func(c *Collector) { c.timeout = d } }
+
+// WithCaps exports the outbox soft and hard caps (ferry_ops_outbox_soft_cap,
+// ferry_ops_outbox_hard_cap) so an alert can compare the backlog with them;
+// zero leaves a cap unexported.
+func WithCaps(soft, hard int64) CollectorOption {
+	return func(c *Collector) { c.softCap, c.hardCap = soft, hard }
+}
+
+// Metric names the Collector exports (a contract: deploy/ alerts use them).
+const (
+	MetricUp                   = "ferry_ops_up"
+	MetricTopicPending         = "ferry_ops_outbox_pending"
+	MetricTopicOldestPending   = "ferry_ops_outbox_oldest_pending_age_seconds"
+	MetricTopicDead            = "ferry_ops_outbox_dead"
+	MetricDiscarded            = "ferry_ops_outbox_discarded"
+	MetricPendingTotal         = "ferry_ops_outbox_pending_total"
+	MetricOldestPendingTotal   = "ferry_ops_outbox_max_pending_age_seconds"
+	MetricSoftCap              = "ferry_ops_outbox_soft_cap"
+	MetricHardCap              = "ferry_ops_outbox_hard_cap"
+	MetricUnownedShards        = "ferry_ops_relay_unowned_shards"
+	MetricRelayOwnedShards     = "ferry_ops_relay_owned_shards"
+	MetricRelayLive            = "ferry_ops_relay_live_instances"
+	MetricParked               = "ferry_ops_inbox_parked"
+	MetricParkedOldest         = "ferry_ops_inbox_parked_oldest_age_seconds"
+	MetricOpenGaps             = "ferry_ops_inbox_open_gaps"
+	MetricOldestGap            = "ferry_ops_inbox_oldest_gap_age_seconds"
+	MetricAppliedLastMinute    = "ferry_ops_inbox_applied_last_minute"
+	MetricEffects              = "ferry_ops_effects"
+	MetricEffectsOldestUnknown = "ferry_ops_effects_oldest_unknown_age_seconds"
+	MetricCDCSlotLag           = "ferry_ops_cdc_slot_lag_bytes"
+)
+
+// NewCollector returns a Collector over o.
+func NewCollector(o *Ops, opts ...CollectorOption) *Collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	c := &Collector{
+		o:        o,
+		timeout:  5 * time.Second,
+		up:       d(MetricUp, "1 when the last scrape read the tables, 0 when it failed."),
+		pending:  d(MetricTopicPending, "Pending outbox rows per topic.", "topic"),
+		oldest:   d(MetricTopicOldestPending, "Age (now - created_at) of the oldest pending outbox row per topic; 0 when none.", "topic"),
+		dead:     d(MetricTopicDead, "Dead letters (dead, not discarded) per topic.", "topic"),
+		discard:  d(MetricDiscarded, "Discarded dead letters kept for evidence."),
+		total:    d(MetricPendingTotal, "Pending outbox rows in all topics (compare with the caps)."),
+		totalAge: d(MetricOldestPendingTotal, "Age of the oldest pending outbox row in any topic; 0 when none."),
+		soft:     d(MetricSoftCap, "Configured soft cap on pending outbox rows (alert threshold)."),
+		hard:     d(MetricHardCap, "Configured hard cap on pending outbox rows (producers fail fast beyond it)."),
+		unowned:  d(MetricUnownedShards, "Shards with pending rows and no live relay lease."),
+		owned:    d(MetricRelayOwnedShards, "Shards leased by each relay instance.", "instance"),
+		live:     d(MetricRelayLive, "Relay instances with a live heartbeat."),
+		parked:   d(MetricParked, "Open parked messages per consumer and reason.", "consumer", "reason"),
+		parkAge:  d(MetricParkedOldest, "Age of the oldest open parked message per consumer and reason.", "consumer", "reason"),
+		gaps:     d(MetricOpenGaps, "Aggregates with an open sequence gap per consumer.", "consumer"),
+		gapAge:   d(MetricOldestGap, "Age of the oldest open gap per consumer.", "consumer"),
+		applied:  d(MetricAppliedLastMinute, "Events applied by each consumer in the last minute.", "consumer"),
+		effects:  d(MetricEffects, "Effect intents per consumer and state.", "consumer", "state"),
+		unknown:  d(MetricEffectsOldestUnknown, "Age of the oldest effect intent in state unknown per consumer.", "consumer"),
+		slotLag:  d(MetricCDCSlotLag, "WAL bytes retained for each CDC replication slot.", "slot"),
+	}
+	for _, opt := range opts {
+		opt(c)
+	}
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.up, c.pending, c.oldest, c.dead, c.discard, c.total, c.totalAge, c.soft, c.hard,
+		c.unowned, c.owned, c.live, c.parked, c.parkAge, c.gaps, c.gapAge, c.applied, c.effects, c.unknown, c.slotLag} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: one Status read per scrape.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	st, err := c.o.Status(ctx)
+	if err != nil {
+		c.o.cfg.log.WarnContext(ctx, "ferry ops scrape failed", "err", err)
+		g(c.up, 0)
+		return
+	}
+	g(c.up, 1)
+	for _, t := range st.Topics {
+		g(c.pending, float64(t.Pending), t.Topic)
+		g(c.oldest, t.OldestPendingAge, t.Topic)
+		g(c.dead, float64(t.Dead), t.Topic)
+	}
+	g(c.discard, float64(st.Outbox.Discarded))
+	g(c.total, float64(st.Outbox.Pending))
+	g(c.totalAge, st.Outbox.OldestPendingAge)
+	if c.softCap > 0 {
+		g(c.soft, float64(c.softCap))
+	}
+	if c.hardCap > 0 {
+		g(c.hard, float64(c.hardCap))
+	}
+	g(c.unowned, float64(st.UnownedShards))
+	live := 0
+	for _, r := range st.Relays {
+		g(c.owned, float64(len(r.OwnedShards)), r.InstanceID)
+		if r.Live {
+			live++
+		}
+	}
+	g(c.live, float64(live))
+	for _, cs := range st.Consumers {
+		for _, p := range cs.Parked {
+			g(c.parked, float64(p.Count), cs.Consumer, p.Reason)
+			g(c.parkAge, p.OldestAge, cs.Consumer, p.Reason)
+		}
+		g(c.gaps, float64(cs.OpenGaps), cs.Consumer)
+		g(c.gapAge, cs.OldestGapAge, cs.Consumer)
+		g(c.applied, float64(cs.AppliedLastMinute), cs.Consumer)
+	}
+	for _, e := range st.Effects {
+		for state, n := range e.ByState {
+			g(c.effects, float64(n), e.Consumer, state)
+		}
+		g(c.unknown, e.OldestUnknownAge, e.Consumer)
+	}
+	for _, s := range st.CDC {
+		g(c.slotLag, s.LagBytes, s.Slot)
+	}
+}
