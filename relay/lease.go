@@ -1,0 +1,192 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// leaseLoop renews, rebalances and refreshes the gauges every TTL/3 until
+// ctx is done. Failures are logged and retried at the next tick; if no
+// renewal succeeds for a whole TTL the worker stops using the shards
+// (ownedSnapshot), and the fence rejects anything it might still write.
+func (r *Relay) leaseLoop(ctx context.Context) {
+	every := r.cfg.ttl / 3
+	for sleep(ctx, every) {
+		if r.cfg.beforeLeaseTick != nil {
+			r.cfg.beforeLeaseTick()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err := r.leaseTick(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("lease tick failed", "err", err)
+		}
+	}
+}
+
+// leaseTick is one round of: heartbeat, renew owned leases, release the
+// ones over the fair share, acquire free ones up to it, refresh gauges.
+func (r *Relay) leaseTick(ctx context.Context) error {
+	exec := r.db.Executor()
+	ttl := r.cfg.ttl.Seconds()
+	started := time.Now()
+	if _, err := exec.Exec(ctx, r.q.heartbeat, r.cfg.instance, r.cfg.shards, ttl); err != nil {
+		return fmt.Errorf("relay: heartbeat: %w", err)
+	}
+	if _, err := exec.Exec(ctx, r.q.pruneInstance); err != nil {
+		return fmt.Errorf("relay: prune instances: %w", err)
+	}
+	live, mismatched, err := r.liveInstances(ctx)
+	if err != nil {
+		return err
+	}
+	if mismatched > 0 {
+		// Another relay runs with a different N: two deployments disagree,
+		// and sharing leases would break per-aggregate ownership. Own nothing.
+		r.log.Error("a live relay uses another shard count; owning no shards until it stops", "shard_count", r.cfg.shards)
+		r.releaseExtras(ctx, -1)
+		return nil
+	}
+	owned, err := r.leaseRows(ctx, r.q.renew, r.cfg.instance, ttl, r.cfg.shards)
+	if err != nil {
+		return fmt.Errorf("relay: renew leases: %w", err)
+	}
+	r.mu.Lock()
+	before := len(r.owned)
+	for s := range r.owned {
+		if _, ok := owned[s]; !ok {
+			r.log.Warn("lease lost", "shard", s)
+		}
+	}
+	r.owned = owned
+	r.validUntil = started.Add(r.cfg.ttl)
+	r.live = live
+	r.mu.Unlock()
+
+	fair := (r.cfg.shards + live - 1) / max(live, 1)
+	switch {
+	case len(owned) > fair:
+		r.releaseExtras(ctx, fair)
+	case len(owned) < fair:
+		got, err := r.leaseRows(ctx, r.q.acquire, r.cfg.instance, ttl, fair-len(owned), r.cfg.shards)
+		if err != nil {
+			return fmt.Errorf("relay: acquire leases: %w", err)
+		}
+		r.mu.Lock()
+		for s, f := range got {
+			r.owned[s] = f
+			r.log.Info("lease acquired", "shard", s, "fence", f)
+		}
+		r.mu.Unlock()
+	}
+	r.mu.Lock()
+	n := len(r.owned)
+	r.mu.Unlock()
+	r.m.ownedShards.Set(float64(n))
+	r.m.liveInstances.Set(float64(live))
+	if n > before {
+		r.Notify()
+	}
+	return r.refreshStats(ctx)
+}
+
+// releaseExtras gives up the highest-numbered shards above keep (keep < 0:
+// all of them), but only between batches, so a rebalance never strands a
+// batch in flight; if the worker is busy it waits for the next tick.
+func (r *Relay) releaseExtras(ctx context.Context, keep int) {
+	if !r.batchMu.TryLock() {
+		return
+	}
+	defer r.batchMu.Unlock()
+	r.mu.Lock()
+	shards := make([]int, 0, len(r.owned))
+	for s := range r.owned {
+		shards = append(shards, s)
+	}
+	r.mu.Unlock()
+	sort.Ints(shards)
+	if keep < 0 {
+		keep = 0
+	}
+	if len(shards) <= keep {
+		return
+	}
+	for _, s := range shards[keep:] {
+		r.mu.Lock()
+		delete(r.owned, s)
+		r.mu.Unlock()
+		if _, err := r.db.Executor().Exec(ctx, r.q.release, r.cfg.instance, s); err != nil {
+			r.log.Warn("release lease failed; it expires after the TTL", "shard", s, "err", err)
+			continue
+		}
+		r.log.Info("lease released for rebalancing", "shard", s)
+	}
+}
+
+func (r *Relay) liveInstances(ctx context.Context) (live, mismatched int, err error) {
+	rows, err := r.db.Executor().Query(ctx, r.q.liveInstances, r.cfg.shards)
+	if err != nil {
+		return 0, 0, fmt.Errorf("relay: count instances: %w", err)
+	}
+	defer rows.Close()
+	var l, m int64
+	if rows.Next() {
+		if err := rows.Scan(&l, &m); err != nil {
+			return 0, 0, fmt.Errorf("relay: count instances: %w", err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, 0, fmt.Errorf("relay: count instances: %w", err)
+	}
+	return max(int(l), 1), int(m), nil
+}
+
+// leaseRows runs a lease statement returning (shard, fence) rows.
+func (r *Relay) leaseRows(ctx context.Context, sql string, args ...any) (map[int]int64, error) {
+	rows, err := r.db.Executor().Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[int]int64{}
+	for rows.Next() {
+		var s, f int64
+		if err := rows.Scan(&s, &f); err != nil {
+			return nil, err
+		}
+		out[int(s)] = f
+	}
+	return out, rows.Err()
+}
+
+// refreshStats updates the backlog gauges for the owned shards.
+func (r *Relay) refreshStats(ctx context.Context) error {
+	shards, _ := r.ownedSnapshot()
+	if len(shards) == 0 {
+		r.m.pending.Set(0)
+		r.m.oldestAge.Set(0)
+		r.m.deadRows.Set(0)
+		return nil
+	}
+	rows, err := r.db.Executor().Query(ctx, r.q.stats, r.q.shardsParam(shards))
+	if err != nil {
+		return fmt.Errorf("relay: stats: %w", err)
+	}
+	defer rows.Close()
+	var pending, dead int64
+	var age float64
+	if rows.Next() {
+		if err := rows.Scan(&pending, &dead, &age); err != nil {
+			return fmt.Errorf("relay: stats: %w", err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("relay: stats: %w", err)
+	}
+	r.m.pending.Set(float64(pending))
+	r.m.deadRows.Set(float64(dead))
+	r.m.oldestAge.Set(max(age, 0))
+	return nil
+}

@@ -1,0 +1,52 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// listen holds a dedicated connection in LISTEN on the configured channel
+// and wakes the worker on every notification. The connection is taken out
+// of the pool (hijacked) so it never returns there in LISTEN state. When it
+// is lost the relay reconnects with a capped backoff and wakes the worker
+// once, since notifications sent meanwhile are gone; polling covers the gap.
+func (r *Relay) listen(ctx context.Context) {
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("LISTEN connection lost; reconnecting", "channel", r.cfg.listenChannel, "err", err, "retry_in", delay)
+		if !sleep(ctx, delay) {
+			return
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context) error {
+	pc, err := r.cfg.listenPool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire: %w", err)
+	}
+	conn := pc.Hijack()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.listenChannel}.Sanitize()); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	r.Notify() // anything committed before LISTEN took effect
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		r.Notify()
+	}
+}

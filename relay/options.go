@@ -1,0 +1,228 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+)
+
+// DeadPolicy says what a dead row does to the later events of its aggregate.
+type DeadPolicy string
+
+const (
+	// DeadHold (the default) holds the aggregate's later events until an
+	// operator resolves the dead row: publishing them would break G3 for
+	// every consumer of that aggregate.
+	DeadHold DeadPolicy = "hold"
+	// DeadSkip publishes the later events anyway; consumers see a gap
+	// (which their cursor parks) instead of a stalled aggregate.
+	DeadSkip DeadPolicy = "skip"
+)
+
+// Defaults.
+const (
+	DefaultBatchSize    = 500
+	DefaultPollInterval = 500 * time.Millisecond
+	DefaultLeaseTTL     = 10 * time.Second
+	DefaultBackoffBase  = 500 * time.Millisecond
+	DefaultBackoffMax   = 5 * time.Minute
+	DefaultMaxAttempts  = 25
+	DefaultProbeBase    = 200 * time.Millisecond
+	DefaultProbeMax     = 10 * time.Second
+	// DefaultPublishTimeout bounds one batch's publish (all acks).
+	DefaultPublishTimeout = 30 * time.Second
+	// MaxBatchSize bounds WithBatchSize.
+	MaxBatchSize = 10000
+)
+
+// Faults are hooks that let a test or `ferry prove` stop the relay at the
+// dangerous points of its cycle. A hook that returns an error simulates a
+// crash there: Run returns an error wrapping [ErrFaultInjected] and the
+// error, without marking the batch and without releasing its leases (a
+// crashed process releases nothing). Nil hooks cost one nil check.
+type Faults struct {
+	// BeforePublish runs after a batch was claimed, before it is published.
+	BeforePublish func(ctx context.Context, events []ferry.Event) error
+	// AfterPublishBeforeMark runs after the broker acknowledged (or failed)
+	// a batch and before any outbox row is marked: the window in which a
+	// crash turns into a duplicate publish after restart.
+	AfterPublishBeforeMark func(ctx context.Context, events []ferry.Event, results []broker.Result) error
+}
+
+// Option configures a Relay.
+type Option func(*config)
+
+type config struct {
+	tables         ferry.Tables
+	shards         int
+	instance       string
+	batch          int
+	poll           time.Duration
+	ttl            time.Duration
+	backoffBase    time.Duration
+	backoffMax     time.Duration
+	probeBase      time.Duration
+	probeMax       time.Duration
+	publishTimeout time.Duration
+	maxAttempts    int
+	deadPolicy     DeadPolicy
+	listenPool     *pgxpool.Pool
+	listenChannel  string
+	logger         *slog.Logger
+	registerer     prometheus.Registerer
+	faults         Faults
+
+	// Test hooks (unexported; only this package's tests set them).
+	noFence         bool         // negative control: drop the fence from marks
+	beforeLeaseTick func()       // may block to simulate a paused process
+	afterMark       func(string) // called after each mark statement, with its kind
+}
+
+// WithTables sets the schema and table prefix (default: search_path, "ferry_").
+func WithTables(t ferry.Tables) Option { return func(c *config) { c.tables = t } }
+
+// WithShardCount sets N (default ferry.DefaultShardCount). It must equal the
+// writers' N: the relay refuses to start when unsent rows carry another.
+func WithShardCount(n int) Option { return func(c *config) { c.shards = n } }
+
+// WithInstanceID names this relay in the lease table and in logs (default
+// hostname-pid-random). Ids must be unique among live relays; a restarted
+// relay that reuses its id adopts its own leases at once (with a new fence)
+// instead of waiting for them to expire.
+func WithInstanceID(id string) Option { return func(c *config) { c.instance = id } }
+
+// WithBatchSize sets how many rows one cycle claims and publishes (default
+// 500, at most MaxBatchSize). Larger batches amortise round trips; smaller
+// ones shorten the window of duplicates after a crash.
+func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
+
+// WithPollInterval sets how often the relay looks for work when nothing
+// woke it (default 500ms). With NOTIFY or Notify it is only the fallback.
+func WithPollInterval(d time.Duration) Option { return func(c *config) { c.poll = d } }
+
+// WithLeaseTTL sets how long a shard lease lasts without renewal (default
+// 10s); renewal runs every TTL/3. It is the upper bound on how long a
+// crashed relay's shards stay unpublished, and must exceed the longest
+// pause (GC, network) a healthy relay may suffer, or shards flap.
+func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
+
+// WithBackoff sets the retry delay of a failed row: a uniformly random
+// delay in [0, min(max, base·2^(attempts-1))] ("full jitter"), so rows that
+// failed together do not retry together.
+func WithBackoff(base, max time.Duration) Option {
+	return func(c *config) { c.backoffBase, c.backoffMax = base, max }
+}
+
+// WithProbe sets the circuit breaker's probe interval while the broker is
+// down: it starts at base and doubles up to max (default 200ms..10s). Only
+// Ping is called while the breaker is open, so an outage costs one broker
+// call per interval, whatever the backlog.
+func WithProbe(base, max time.Duration) Option {
+	return func(c *config) { c.probeBase, c.probeMax = base, max }
+}
+
+// WithPublishTimeout bounds one batch's Publish call, acks included
+// (default 30s). Keep it below the lease TTL's order of magnitude: a batch
+// still in flight when the lease is lost is marked by nobody and
+// republished by the new owner.
+func WithPublishTimeout(d time.Duration) Option { return func(c *config) { c.publishTimeout = d } }
+
+// WithMaxAttempts sets after how many failed attempts a row goes dead
+// (default 25). Attempts are never counted while the breaker is open.
+func WithMaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n } }
+
+// WithDeadPolicy sets what a dead row does to its aggregate (default DeadHold).
+func WithDeadPolicy(p DeadPolicy) Option { return func(c *config) { c.deadPolicy = p } }
+
+// WithListener makes the relay LISTEN on channel over a dedicated
+// connection taken from pool (Postgres), waking at each producer commit
+// that used outbox.WithNotify(channel). The connection is re-established
+// when lost; polling covers the gap.
+func WithListener(pool *pgxpool.Pool, channel string) Option {
+	return func(c *config) { c.listenPool, c.listenChannel = pool, channel }
+}
+
+// WithLogger sets the logger (default: discard). Logs carry event ids,
+// aggregates, attempts and the instance id, never payloads.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithRegisterer registers the relay's metrics (see docs/RELAY.md) on r.
+// Without it metrics are kept but not exported. Two relays in one process
+// need two registries (or prometheus.WrapRegistererWith).
+func WithRegisterer(r prometheus.Registerer) Option { return func(c *config) { c.registerer = r } }
+
+// WithFaults installs fault hooks (tests, `ferry prove`).
+func WithFaults(f Faults) Option { return func(c *config) { c.faults = f } }
+
+func defaultConfig() config {
+	return config{
+		shards:         ferry.DefaultShardCount,
+		batch:          DefaultBatchSize,
+		poll:           DefaultPollInterval,
+		ttl:            DefaultLeaseTTL,
+		backoffBase:    DefaultBackoffBase,
+		backoffMax:     DefaultBackoffMax,
+		probeBase:      DefaultProbeBase,
+		probeMax:       DefaultProbeMax,
+		publishTimeout: DefaultPublishTimeout,
+		maxAttempts:    DefaultMaxAttempts,
+		deadPolicy:     DeadHold,
+	}
+}
+
+func (c *config) check() error {
+	if err := c.tables.Check(); err != nil {
+		return err
+	}
+	bad := func(field, reason string, args ...any) error {
+		return &ferry.ConfigError{Field: field, Reason: fmt.Sprintf(reason, args...)}
+	}
+	switch {
+	case c.shards < 1 || c.shards > ferry.MaxShardCount:
+		return bad("shard_count", "must be in 1..%d, got %d", ferry.MaxShardCount, c.shards)
+	case c.batch < 1 || c.batch > MaxBatchSize:
+		return bad("batch_size", "must be in 1..%d, got %d", MaxBatchSize, c.batch)
+	case c.poll < 5*time.Millisecond:
+		return bad("poll_interval", "must be at least 5ms, got %s", c.poll)
+	case c.ttl < 300*time.Millisecond:
+		return bad("lease_ttl", "must be at least 300ms, got %s", c.ttl)
+	case c.backoffBase <= 0 || c.backoffMax < c.backoffBase:
+		return bad("backoff", "need 0 < base <= max, got base %s max %s", c.backoffBase, c.backoffMax)
+	case c.probeBase <= 0 || c.probeMax < c.probeBase:
+		return bad("probe", "need 0 < base <= max, got base %s max %s", c.probeBase, c.probeMax)
+	case c.publishTimeout <= 0:
+		return bad("publish_timeout", "must be positive, got %s", c.publishTimeout)
+	case c.maxAttempts < 1:
+		return bad("max_attempts", "must be at least 1, got %d", c.maxAttempts)
+	case c.deadPolicy != DeadHold && c.deadPolicy != DeadSkip:
+		return bad("dead_policy", "must be %q or %q, got %q", DeadHold, DeadSkip, c.deadPolicy)
+	case len(c.instance) > 200:
+		return bad("instance_id", "must be at most 200 bytes, got %d", len(c.instance))
+	}
+	if c.listenChannel != "" || c.listenPool != nil {
+		if c.listenPool == nil {
+			return bad("listener", "pool is nil")
+		}
+		if len(c.listenChannel) > 63 || !channelRE.MatchString(c.listenChannel) {
+			return bad("listener", "channel must match [a-z_][a-z0-9_]* and be at most 63 bytes")
+		}
+	}
+	return nil
+}
+
+func defaultInstanceID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "relay"
+	}
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
+}

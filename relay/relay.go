@@ -1,0 +1,353 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/driver"
+)
+
+// DB is what the relay needs from a store: the dialect, statements on the
+// pool, and transactions. *pgxv5.Driver, *databasesql.Driver and the CLI's
+// store all satisfy it.
+type DB interface {
+	Dialect() driver.Dialect
+	Executor() driver.Executor
+	Begin(ctx context.Context) (driver.Tx, error)
+}
+
+// Sentinel errors callers branch on.
+var (
+	// ErrShardCountMismatch: unsent rows were written with another shard
+	// count than the relay's; see *ShardCountError.
+	ErrShardCountMismatch = errors.New("relay: shard count mismatch")
+	// ErrFaultInjected: a Faults hook returned an error and the relay
+	// stopped as if it had crashed there.
+	ErrFaultInjected = errors.New("relay: fault injected")
+	// ErrRunning: Run was called on a relay that is already running.
+	ErrRunning = errors.New("relay: already running")
+)
+
+// ShardCountError names both shard counts. Changing N needs a drain
+// (every row sent) first, like repartitioning Kafka.
+type ShardCountError struct {
+	Configured int   // the relay's N
+	Found      int   // the N unsent rows (or a live relay) carry
+	Rows       int64 // how many unsent rows carry Found (0: a live relay does)
+}
+
+func (e *ShardCountError) Error() string {
+	if e.Rows == 0 {
+		return fmt.Sprintf("relay: shard count mismatch: this relay is configured with %d shards but a live relay uses %d", e.Configured, e.Found)
+	}
+	return fmt.Sprintf("relay: shard count mismatch: this relay is configured with %d shards but %d unsent outbox rows were written with %d; drain them with the old count first",
+		e.Configured, e.Rows, e.Found)
+}
+
+// Is reports ErrShardCountMismatch.
+func (e *ShardCountError) Is(target error) bool { return target == ErrShardCountMismatch }
+
+// BreakerState is the circuit breaker's state.
+type BreakerState int
+
+// Breaker states.
+const (
+	BreakerClosed BreakerState = iota // publishing normally
+	BreakerOpen                       // broker unreachable: only probes are sent
+)
+
+func (s BreakerState) String() string {
+	if s == BreakerOpen {
+		return "open"
+	}
+	return "closed"
+}
+
+// Status is a snapshot for health and readiness checks.
+type Status struct {
+	Instance      string
+	ShardCount    int
+	OwnedShards   []int // sorted
+	LiveInstances int   // relays with a live heartbeat, this one included
+	Breaker       BreakerState
+	Running       bool
+	// Counters since start.
+	Published   uint64
+	Duplicates  uint64
+	Retries     uint64
+	Dead        uint64
+	Fenced      uint64 // row updates rejected by the fence (lease lost)
+	PublishCall uint64 // Publisher.Publish calls
+	PingCalls   uint64 // Publisher.Ping calls
+}
+
+// Ready reports whether the relay is doing its share: it owns at least one
+// shard (or there are more relays than shards, so owning none is fair) and
+// the breaker is closed.
+func (s Status) Ready() bool {
+	if !s.Running || s.Breaker != BreakerClosed {
+		return false
+	}
+	return len(s.OwnedShards) > 0 || s.LiveInstances > s.ShardCount
+}
+
+// Relay publishes committed outbox rows. Create it with New and start it
+// with Run; it is safe to call Notify and Status from any goroutine.
+type Relay struct {
+	db   DB
+	pub  broker.Publisher
+	cfg  config
+	q    *queries
+	log  *slog.Logger
+	m    *metrics
+	wake chan struct{}
+
+	running atomic.Bool
+
+	mu         sync.Mutex
+	owned      map[int]int64 // shard → fence
+	validUntil time.Time     // local estimate of when the owned leases lapse without renewal
+	live       int
+	breaker    BreakerState
+
+	// batchMu is held by the worker for a whole claim-publish-mark cycle;
+	// the lease loop releases shards only between cycles (TryLock), so a
+	// rebalance does not strand a batch in flight.
+	batchMu sync.Mutex
+
+	published, duplicates, retries, dead, fenced, publishCalls, pingCalls atomic.Uint64
+}
+
+// New validates the configuration and returns a relay over db publishing
+// through pub. It touches neither the database nor the broker; Run does.
+func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
+	if db == nil {
+		return nil, &ferry.ConfigError{Field: "db", Reason: "is nil"}
+	}
+	if pub == nil {
+		return nil, &ferry.ConfigError{Field: "publisher", Reason: "is nil"}
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if cfg.listenPool != nil && db.Dialect() != driver.Postgres {
+		return nil, &ferry.ConfigError{Field: "listener", Reason: "LISTEN/NOTIFY needs Postgres; call Relay.Notify after commit instead"}
+	}
+	if db.Dialect() == driver.SQLite && cfg.tables.Schema != "" {
+		return nil, &ferry.ConfigError{Field: "tables.schema", Reason: "must be empty on SQLite"}
+	}
+	if cfg.instance == "" {
+		cfg.instance = defaultInstanceID()
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, cfg.noFence)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{
+		db: db, pub: pub, cfg: cfg, q: q, m: m,
+		log:   cfg.logger.With("relay_instance", cfg.instance),
+		wake:  make(chan struct{}, 1),
+		owned: map[int]int64{},
+	}, nil
+}
+
+// Notify wakes the relay to look for work now. Call it after committing
+// outbox rows when there is no LISTEN/NOTIFY (SQLite, embedded). It never
+// blocks; calls while a wake-up is pending are folded into it.
+func (r *Relay) Notify() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// InstanceID returns the id this relay holds leases under.
+func (r *Relay) InstanceID() string { return r.cfg.instance }
+
+// Status returns a snapshot of the relay's state.
+func (r *Relay) Status() Status {
+	r.mu.Lock()
+	owned := make([]int, 0, len(r.owned))
+	for s := range r.owned {
+		owned = append(owned, s)
+	}
+	live, br := r.live, r.breaker
+	r.mu.Unlock()
+	sort.Ints(owned)
+	return Status{
+		Instance: r.cfg.instance, ShardCount: r.cfg.shards, OwnedShards: owned, LiveInstances: live, Breaker: br,
+		Running:   r.running.Load(),
+		Published: r.published.Load(), Duplicates: r.duplicates.Load(), Retries: r.retries.Load(), Dead: r.dead.Load(),
+		Fenced: r.fenced.Load(), PublishCall: r.publishCalls.Load(), PingCalls: r.pingCalls.Load(),
+	}
+}
+
+// Run publishes until ctx is cancelled, then finishes the batch in flight,
+// releases its leases and returns nil. It returns an error when it cannot
+// start (shard count mismatch, missing tables), when a fault hook fired
+// (wrapping ErrFaultInjected; leases are then kept, as after a crash), or
+// when the database stays unreachable for longer than the lease TTL after
+// start. Run may be called again after it returned.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer r.running.Store(false)
+	if err := r.start(ctx); err != nil {
+		return err
+	}
+
+	inner, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	var workerErr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		workerErr = r.work(inner)
+		if workerErr != nil {
+			cancel(workerErr)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		r.leaseLoop(inner)
+	}()
+	if r.cfg.listenPool != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.listen(inner)
+		}()
+	}
+	wg.Wait()
+
+	r.mu.Lock()
+	r.owned = map[int]int64{}
+	r.mu.Unlock()
+	r.m.ownedShards.Set(0)
+	if errors.Is(workerErr, ErrFaultInjected) {
+		r.log.Warn("relay stopped by fault hook; leases kept as after a crash", "err", workerErr)
+		return workerErr
+	}
+	// Graceful: hand the shards over now instead of after the TTL.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer rcancel()
+	exec := r.db.Executor()
+	_, err1 := exec.Exec(rctx, r.q.releaseAll, r.cfg.instance)
+	_, err2 := exec.Exec(rctx, r.q.deleteSelf, r.cfg.instance)
+	if err := errors.Join(err1, err2); err != nil {
+		r.log.Warn("release leases at shutdown failed; they expire after the TTL", "err", err)
+	} else {
+		r.log.Info("relay stopped; leases released")
+	}
+	return workerErr
+}
+
+// start checks the schema and shard count, creates the lease rows and
+// takes the first leases, so Run fails fast on misconfiguration.
+func (r *Relay) start(ctx context.Context) error {
+	exec := r.db.Executor()
+	rows, err := exec.Query(ctx, r.q.checkShards, r.cfg.shards)
+	if err != nil {
+		return fmt.Errorf("relay: check shard count (did `ferry migrate up` run?): %w", err)
+	}
+	var found int
+	var n int64
+	if rows.Next() {
+		err = rows.Scan(&found, &n)
+	}
+	if err == nil {
+		err = rows.Err()
+	}
+	rows.Close()
+	if err != nil {
+		return fmt.Errorf("relay: check shard count: %w", err)
+	}
+	if n > 0 {
+		return &ShardCountError{Configured: r.cfg.shards, Found: found, Rows: n}
+	}
+	if _, err := exec.Exec(ctx, r.q.ensureLeases, r.cfg.shards); err != nil {
+		return fmt.Errorf("relay: create lease rows (did `ferry migrate up` run?): %w", err)
+	}
+	// A previous incarnation with our id crashed holding leases: adopt
+	// them with a new fence rather than wait for them to expire.
+	adopted, err := r.leaseRows(ctx, r.q.adopt, r.cfg.instance, r.cfg.ttl.Seconds(), r.cfg.shards)
+	if err != nil {
+		return fmt.Errorf("relay: adopt leases: %w", err)
+	}
+	r.mu.Lock()
+	r.owned = adopted
+	r.validUntil = time.Now().Add(r.cfg.ttl)
+	r.breaker = BreakerClosed
+	r.mu.Unlock()
+	r.m.breaker.Set(0)
+	if err := r.leaseTick(ctx); err != nil {
+		return err
+	}
+	r.log.Info("relay started", "shard_count", r.cfg.shards, "owned_shards", len(r.Status().OwnedShards), "batch_size", r.cfg.batch)
+	return nil
+}
+
+// ownedSnapshot returns the shards (sorted) and fences the worker may use.
+func (r *Relay) ownedSnapshot() ([]int, map[int]int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if time.Now().After(r.validUntil) {
+		return nil, nil // renewals failed for a whole TTL: assume the leases are gone
+	}
+	shards := make([]int, 0, len(r.owned))
+	fences := make(map[int]int64, len(r.owned))
+	for s, f := range r.owned {
+		shards = append(shards, s)
+		fences[s] = f
+	}
+	sort.Ints(shards)
+	return shards, fences
+}
+
+func (r *Relay) setBreaker(s BreakerState) {
+	r.mu.Lock()
+	changed := r.breaker != s
+	r.breaker = s
+	r.mu.Unlock()
+	if s == BreakerOpen {
+		r.m.breaker.Set(1)
+	} else {
+		r.m.breaker.Set(0)
+	}
+	if changed {
+		r.log.Warn("circuit breaker " + s.String())
+	}
+}
+
+// sleep waits d or until ctx is done; it reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

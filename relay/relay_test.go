@@ -1,0 +1,280 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// pgxpool's and database/sql's background goroutines end with
+		// their pools, which t.Cleanup closes after the leak check of the
+		// test body; these are theirs, not the relay's.
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+// TestPublishesAndMarks is the basic cycle on Postgres and SQLite: every
+// committed event reaches the broker once, in order, and its row is
+// marked sent with the broker's receipt.
+func TestPublishesAndMarks(t *testing.T) {
+	for _, name := range []string{"postgres", "sqlite"} {
+		t.Run(name, func(t *testing.T) {
+			var s *store
+			if name == "postgres" {
+				s = newPGStore(t, 4)
+			} else {
+				s = newSQLiteStore(t, 4)
+			}
+			n := startEmbeddedNATS(t)
+			want := s.produce(t, 300, 7)
+			reg := prometheus.NewRegistry()
+			r, err := New(s.db, n.publisher(t), fastOpts(4, WithRegisterer(reg), WithBatchSize(64))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runRelay(t, r)
+			waitFor(t, 30*time.Second, "all rows sent", func() bool { return s.count(t, "sent") == len(want) })
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			checkBroker(t, n.read(t), want)
+			for id, row := range s.rows(t) {
+				if !strings.Contains(row.receipt, `"broker":"nats"`) || !strings.Contains(row.receipt, `"destination":"RELAYTEST"`) {
+					t.Fatalf("row %s: receipt %q lacks the broker's stream", id, row.receipt)
+				}
+			}
+			if got := gauge(r.m.published); got != float64(len(want)) {
+				t.Errorf("ferry_relay_published_total = %v, want %d", got, len(want))
+			}
+			if st := r.Status(); st.Running || len(st.OwnedShards) != 0 {
+				t.Errorf("after Run returned: %+v", st)
+			}
+			// Graceful shutdown released the leases: nobody owns a shard.
+			rows, err := s.db.Executor().Query(context.Background(), `SELECT count(*) FROM ferry_relay_leases WHERE owner <> ''`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var owned int64
+			for rows.Next() {
+				_ = rows.Scan(&owned)
+			}
+			rows.Close()
+			if owned != 0 {
+				t.Errorf("%d leases still owned after graceful shutdown", owned)
+			}
+		})
+	}
+}
+
+// TestLateCommitIsPublished: a transaction holding a lower id commits
+// after higher ids were published. Claiming by status (not "id > last
+// seen") publishes it anyway.
+func TestLateCommitIsPublished(t *testing.T) {
+	s := newPGStore(t, 1)
+	n := startEmbeddedNATS(t)
+	ctx := context.Background()
+
+	// The late transaction takes its id first and stays open.
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	late, err := s.pgInsertTx(ctx, tx, ev("late", "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(s.db, n.publisher(t), fastOpts(1)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, r)
+	early := s.produce(t, 20, 3) // higher ids, committed first
+	waitFor(t, 20*time.Second, "the early rows sent", func() bool { return s.count(t, "sent") == 20 })
+	if got := len(n.read(t)); got != 20 {
+		t.Fatalf("broker holds %d messages before the late commit, want 20", got)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the late row sent", func() bool { return s.count(t, "sent") == 21 })
+	checkBroker(t, n.read(t), append(early, late...))
+}
+
+// TestRollbackPublishesNothing: G1 end to end. A rolled-back producer
+// transaction's event never reaches the broker.
+func TestRollbackPublishesNothing(t *testing.T) {
+	s := newPGStore(t, 2)
+	n := startEmbeddedNATS(t)
+	ctx := context.Background()
+	r, err := New(s.db, n.publisher(t), fastOpts(2)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, r)
+	var committed []ferry.Event
+	var rolledBack []ferry.Event
+	for i := 0; i < 20; i++ {
+		tx, err := s.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.pgInsertTx(ctx, tx, ev("acct-"+string(rune('a'+i%4)), "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 0 {
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			rolledBack = append(rolledBack, got...)
+			continue
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		committed = append(committed, got...)
+	}
+	waitFor(t, 20*time.Second, "committed rows sent", func() bool { return s.count(t, "sent") == len(committed) })
+	time.Sleep(300 * time.Millisecond) // several more poll cycles
+	msgs := n.read(t)
+	checkBroker(t, msgs, committed) // includes "no phantom"
+	for _, m := range msgs {
+		for _, rb := range rolledBack {
+			if m.ev.ID == rb.ID {
+				t.Fatalf("rolled-back event %s was published", rb.ID)
+			}
+		}
+	}
+	if len(rolledBack) == 0 {
+		t.Fatal("test wrote no rolled-back event")
+	}
+}
+
+// TestCrashBetweenPublishAndMark: the relay "crashes" after the broker
+// acked and before marking. After restart the same event ids are
+// published again (never new ids); JetStream recognises them as
+// duplicates, so nothing is lost and nothing is stored twice.
+func TestCrashBetweenPublishAndMark(t *testing.T) {
+	s := newPGStore(t, 2)
+	n := startEmbeddedNATS(t)
+	want := s.produce(t, 40, 5)
+	pub := n.publisher(t)
+
+	var crashed []ferry.Event
+	crashAt := func(_ context.Context, events []ferry.Event, res []broker.Result) error {
+		for _, r := range res {
+			if r.Err != nil {
+				return nil // let errors through; crash on a clean batch
+			}
+		}
+		crashed = append([]ferry.Event(nil), events...)
+		return errors.New("simulated crash")
+	}
+	r1, err := New(s.db, pub, fastOpts(2, WithInstanceID("relay-a"), WithBatchSize(10),
+		WithFaults(Faults{AfterPublishBeforeMark: crashAt}))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r1.Run(context.Background())
+	if !errors.Is(err, ErrFaultInjected) {
+		t.Fatalf("Run = %v, want ErrFaultInjected", err)
+	}
+	if len(crashed) == 0 {
+		t.Fatal("the fault hook never fired")
+	}
+	if got := s.count(t, "sent"); got != 0 {
+		t.Fatalf("%d rows marked sent although the relay crashed before marking", got)
+	}
+	before := n.read(t)
+	if len(before) != len(crashed) {
+		t.Fatalf("broker holds %d messages after the crash, want the %d of the crashed batch", len(before), len(crashed))
+	}
+
+	// Restart under the same id: it adopts its leases at once (fence+1).
+	r2, err := New(s.db, pub, fastOpts(2, WithInstanceID("relay-a"), WithBatchSize(10))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runRelay(t, r2)
+	waitFor(t, 20*time.Second, "all rows sent", func() bool { return s.count(t, "sent") == len(want) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkBroker(t, n.read(t), want) // no loss, stored once, in order, no new id
+	if got := r2.Status().Duplicates; got != uint64(len(crashed)) {
+		t.Errorf("duplicates counted after restart = %d, want %d (the crashed batch, republished under the same ids)", got, len(crashed))
+	}
+	rows := s.rows(t)
+	for _, e := range crashed {
+		if !strings.Contains(rows[e.ID.String()].receipt, `"duplicate":true`) {
+			t.Errorf("event %s republished after the crash: receipt %q does not say duplicate", e.ID, rows[e.ID.String()].receipt)
+		}
+	}
+}
+
+// TestShardCountMismatch: rows written with another N stop the relay at
+// start with both numbers in the error.
+func TestShardCountMismatch(t *testing.T) {
+	s := newPGStore(t, 8)
+	s.produce(t, 3, 3)
+	n := startEmbeddedNATS(t)
+	r, err := New(s.db, n.publisher(t), fastOpts(16)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.Run(context.Background())
+	var sce *ShardCountError
+	if !errors.Is(err, ErrShardCountMismatch) || !errors.As(err, &sce) {
+		t.Fatalf("Run = %v, want ErrShardCountMismatch", err)
+	}
+	if sce.Configured != 16 || sce.Found != 8 || sce.Rows != 3 || !strings.Contains(err.Error(), "16") || !strings.Contains(err.Error(), "8") {
+		t.Fatalf("error %q / %+v does not name both counts", err, sce)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	s := newSQLiteStore(t, 1)
+	pub := &countingPublisher{}
+	cases := []struct {
+		field string
+		opt   Option
+	}{
+		{"shard_count", WithShardCount(0)},
+		{"shard_count", WithShardCount(ferry.MaxShardCount + 1)},
+		{"batch_size", WithBatchSize(0)},
+		{"batch_size", WithBatchSize(MaxBatchSize + 1)},
+		{"poll_interval", WithPollInterval(time.Millisecond)},
+		{"lease_ttl", WithLeaseTTL(10 * time.Millisecond)},
+		{"backoff", WithBackoff(time.Second, time.Millisecond)},
+		{"max_attempts", WithMaxAttempts(0)},
+		{"dead_policy", WithDeadPolicy("drop")},
+		{"listener", WithListener(nil, "x")},
+		{"tables.prefix", WithTables(ferry.Tables{Prefix: "bad-prefix"})},
+	}
+	for _, c := range cases {
+		_, err := New(s.db, pub, c.opt)
+		var ce *ferry.ConfigError
+		if !errors.As(err, &ce) || ce.Field != c.field {
+			t.Errorf("%s: New = %v, want a ConfigError naming %s", c.field, err, c.field)
+		}
+	}
+	if _, err := New(nil, pub); err == nil {
+		t.Error("New(nil db) succeeded")
+	}
+	if _, err := New(s.db, nil); err == nil {
+		t.Error("New(nil publisher) succeeded")
+	}
+}

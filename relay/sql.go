@@ -1,0 +1,195 @@
+package relay
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/driver"
+)
+
+var channelRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// queries holds the relay's SQL for one dialect, rendered once in New.
+//
+// Time: Postgres uses the database clock (now()) for every lease and retry
+// timestamp, so relays on hosts with skewed clocks agree on expiry. SQLite
+// is in-process, so its clock (strftime 'now') is the host's.
+//
+// Lists of rows travel as one JSON parameter (jsonb_to_recordset on
+// Postgres, json_each on SQLite), so a whole batch is marked in one
+// statement with the same SQL in both dialects.
+type queries struct {
+	dialect driver.Dialect
+
+	checkShards   string
+	ensureLeases  string
+	heartbeat     string
+	pruneInstance string
+	liveInstances string
+	renew         string
+	adopt         string
+	acquire       string
+	release       string
+	releaseAll    string
+	deleteSelf    string
+	claim         string
+	markSent      string
+	markFailed    string
+	stats         string
+}
+
+// sqliteNow is SQLite's clock in the text format the outbox writer uses
+// (sortable as text when every value is UTC).
+const sqliteNow = `strftime('%Y-%m-%d %H:%M:%f+00:00', 'now')`
+
+func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, noFence bool) (*queries, error) {
+	var now string
+	var plus func(secs string) string // now + secs (a float8 expression)
+	var rowsOf func(param string, cols ...string) string
+	var shardIn string // "shard" restricted to the shards in $1
+	switch d {
+	case driver.Postgres:
+		now = "now()"
+		plus = func(s string) string { return "now() + make_interval(secs => " + s + ")" }
+		types := map[string]string{"id": "bigint", "fence": "bigint", "receipt": "text", "delay": "float8", "dead": "boolean", "err": "text"}
+		rowsOf = func(p string, cols ...string) string {
+			defs := make([]string, len(cols))
+			for i, c := range cols {
+				defs[i] = c + " " + types[c]
+			}
+			return fmt.Sprintf("jsonb_to_recordset(%s::jsonb) AS m(%s)", p, strings.Join(defs, ", "))
+		}
+		shardIn = "= ANY($1::int[])"
+	case driver.SQLite:
+		now = sqliteNow
+		plus = func(s string) string {
+			return `strftime('%Y-%m-%d %H:%M:%f+00:00', 'now', printf('%.3f seconds', ` + s + `))`
+		}
+		rowsOf = func(p string, cols ...string) string {
+			sel := make([]string, len(cols))
+			for i, c := range cols {
+				sel[i] = fmt.Sprintf("json_extract(value, '$.%s') AS %s", c, c)
+			}
+			return fmt.Sprintf("(SELECT %s FROM json_each(%s)) AS m", strings.Join(sel, ", "), p)
+		}
+		shardIn = "IN (SELECT value FROM json_each($1))"
+	default:
+		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", d)}
+	}
+	outbox, leases, inst := t.Name("outbox"), t.Name("relay_leases"), t.Name("relay_instances")
+	q := &queries{dialect: d}
+
+	q.checkShards = fmt.Sprintf(`SELECT shard_count, count(*) FROM %s WHERE status <> 'sent' AND shard_count <> $1
+GROUP BY shard_count ORDER BY 2 DESC LIMIT 1`, outbox)
+	q.ensureLeases = fmt.Sprintf(`WITH RECURSIVE s(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM s WHERE n + 1 < CAST($1 AS INTEGER))
+INSERT INTO %s (shard) SELECT n FROM s WHERE true ON CONFLICT (shard) DO NOTHING`, leases)
+	q.heartbeat = fmt.Sprintf(`INSERT INTO %s (instance_id, shard_count, heartbeat_at, expires_at) VALUES ($1, $2, %s, %s)
+ON CONFLICT (instance_id) DO UPDATE SET shard_count = excluded.shard_count, heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at`,
+		inst, now, plus("$3"))
+	q.pruneInstance = fmt.Sprintf(`DELETE FROM %s WHERE expires_at <= %s`, inst, now)
+	q.liveInstances = fmt.Sprintf(`SELECT count(*), COALESCE(SUM(CASE WHEN shard_count <> $1 THEN 1 ELSE 0 END), 0) FROM %s WHERE expires_at > %s`, inst, now)
+	q.renew = fmt.Sprintf(`UPDATE %s SET expires_at = %s WHERE owner = $1 AND expires_at > %s AND shard < $3 RETURNING shard, fence`, leases, plus("$2"), now)
+	q.adopt = fmt.Sprintf(`UPDATE %s SET fence = fence + 1, expires_at = %s WHERE owner = $1 AND shard < $3 RETURNING shard, fence`, leases, plus("$2"))
+	lock := ""
+	if d == driver.Postgres {
+		lock = " FOR UPDATE SKIP LOCKED"
+	}
+	q.acquire = fmt.Sprintf(`UPDATE %[1]s SET owner = $1, fence = fence + 1, expires_at = %[2]s
+WHERE shard IN (SELECT shard FROM %[1]s WHERE expires_at <= %[3]s AND shard < $4 ORDER BY shard LIMIT $3%[4]s)
+  AND expires_at <= %[3]s
+RETURNING shard, fence`, leases, plus("$2"), now, lock)
+	q.release = fmt.Sprintf(`UPDATE %s SET owner = '', expires_at = %s WHERE owner = $1 AND shard = $2`, leases, now)
+	q.releaseAll = fmt.Sprintf(`UPDATE %s SET owner = '', expires_at = %s WHERE owner = $1`, leases, now)
+	q.deleteSelf = fmt.Sprintf(`DELETE FROM %s WHERE instance_id = $1`, inst)
+
+	// Head-of-line per aggregate: a row waits while an earlier row of its
+	// aggregate is unsent and not due (backing off), or dead under DeadHold.
+	// An earlier row that is due has a lower id (per aggregate, id order is
+	// sequence order: the producer allocates both under the aggregate's row
+	// lock) and so is claimed first, in the same batch.
+	blocking := fmt.Sprintf("(p.status = 'pending' AND p.next_attempt_at > %s)", now)
+	if policy == DeadHold {
+		blocking = fmt.Sprintf("(p.status = 'dead' OR %s)", blocking)
+	}
+	cols := `o.id, o.event_id, o.tenant_id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_type, o.schema_version,
+    o.topic, o.shard, o.content_type, o.payload, o.occurred_at, o.traceparent, o.correlation_id, o.causation_id,
+    o.principal, o.action, o.target, o.attempts`
+	inner := fmt.Sprintf(`SELECT * FROM %[1]s o
+    WHERE o.shard = %[2]s AND o.status = 'pending' AND o.next_attempt_at <= %[3]s
+      AND NOT EXISTS (SELECT 1 FROM %[1]s p
+          WHERE p.tenant_id = o.tenant_id AND p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq < o.aggregate_seq AND p.status <> 'sent' AND %[4]s)
+    ORDER BY o.id LIMIT $2`, outbox, "%s", now, blocking)
+	if d == driver.Postgres {
+		// One round trip for every owned shard: k rows per shard, each
+		// read in id order from outbox_claim_idx.
+		q.claim = strings.Replace(fmt.Sprintf(`SELECT %s FROM unnest($1::int[]) AS s(shard) CROSS JOIN LATERAL (%s) o`, strings.ReplaceAll(cols, "o.event_id", "o.event_id::text"), inner), "%s", "s.shard", 1)
+	} else {
+		// In-process: one query per shard costs a function call.
+		q.claim = fmt.Sprintf(`SELECT %s FROM (%s) o`, cols, strings.Replace(inner, "%s", "$1", 1))
+	}
+
+	fence := fmt.Sprintf("l.owner = $1 AND l.fence = m.fence AND l.expires_at > %s AND ", now)
+	if noFence {
+		fence = ""
+	}
+	q.markSent = fmt.Sprintf(`UPDATE %[1]s SET status = 'sent', published_at = %[2]s, broker_receipt = m.receipt
+FROM %[3]s, %[4]s l
+WHERE %[1]s.id = m.id AND l.shard = %[1]s.shard AND %[5]s%[1]s.status = 'pending'`,
+		outbox, now, rowsOf("$2", "id", "fence", "receipt"), leases, fence)
+	q.markFailed = fmt.Sprintf(`UPDATE %[1]s SET attempts = %[1]s.attempts + 1,
+    status = CASE WHEN m.dead THEN 'dead' ELSE 'pending' END,
+    next_attempt_at = %[2]s, last_error = m.err
+FROM %[3]s, %[4]s l
+WHERE %[1]s.id = m.id AND l.shard = %[1]s.shard AND %[5]s%[1]s.status = 'pending'`,
+		outbox, plus("m.delay"), rowsOf("$2", "id", "fence", "delay", "dead", "err"), leases, fence)
+	if d == driver.Postgres {
+		q.stats = fmt.Sprintf(`SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'dead'),
+    COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
+FROM %s WHERE status <> 'sent' AND shard %s`, outbox, shardIn)
+	} else {
+		q.stats = fmt.Sprintf(`SELECT COALESCE(SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END), 0),
+    COALESCE(SUM(CASE WHEN status = 'dead' THEN 1 ELSE 0 END), 0),
+    COALESCE((julianday('now') - julianday(min(CASE WHEN status = 'pending' THEN created_at END))) * 86400.0, 0)
+FROM %s WHERE status <> 'sent' AND shard %s`, outbox, shardIn)
+	}
+	return q, nil
+}
+
+// shardsParam encodes a shard list for the dialect's shardIn/claim form.
+func (q *queries) shardsParam(shards []int) any {
+	if q.dialect == driver.Postgres {
+		out := make([]int32, len(shards))
+		for i, s := range shards {
+			out[i] = int32(s)
+		}
+		return out
+	}
+	b, _ := json.Marshal(shards)
+	return string(b)
+}
+
+type sentRow struct {
+	ID      int64  `json:"id"`
+	Fence   int64  `json:"fence"`
+	Receipt string `json:"receipt"`
+}
+
+type failedRow struct {
+	ID    int64   `json:"id"`
+	Fence int64   `json:"fence"`
+	Delay float64 `json:"delay"` // seconds until the next attempt
+	Dead  bool    `json:"dead"`
+	Err   string  `json:"err"`
+}
+
+func jsonParam(v any) (string, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "", fmt.Errorf("relay: encode batch: %w", err)
+	}
+	return string(b), nil
+}

@@ -1,0 +1,417 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/driver"
+)
+
+// claimed is one outbox row taken into a batch.
+type claimed struct {
+	id       int64
+	fence    int64
+	attempts int
+	ev       ferry.Event
+}
+
+type aggKey struct{ tenant, typ, id string }
+
+func keyOf(e *ferry.Event) aggKey { return aggKey{e.TenantID, e.AggregateType, e.AggregateID} }
+
+// work is the claim → publish → mark loop. It returns nil when ctx is
+// done, or an error wrapping ErrFaultInjected when a fault hook fired.
+func (r *Relay) work(ctx context.Context) error {
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.wake:
+		case <-poll.C:
+		}
+		for {
+			more, err := r.cycle(ctx)
+			if err != nil {
+				if errors.Is(err, ErrFaultInjected) {
+					return err
+				}
+				if ctx.Err() != nil {
+					return nil
+				}
+				r.log.Warn("relay cycle failed", "err", err)
+				break
+			}
+			if !more || ctx.Err() != nil {
+				break
+			}
+		}
+		if r.breakerOpen() {
+			if !r.probe(ctx) {
+				return nil
+			}
+		}
+		if !poll.Stop() {
+			select {
+			case <-poll.C:
+			default:
+			}
+		}
+		poll.Reset(r.cfg.poll)
+	}
+}
+
+func (r *Relay) breakerOpen() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.breaker == BreakerOpen
+}
+
+// probe pings the broker at an exponentially growing, capped interval
+// until it answers (breaker closes) or ctx is done (returns false). Rows
+// are untouched meanwhile: an outage burns no attempts.
+func (r *Relay) probe(ctx context.Context) bool {
+	d := r.cfg.probeBase
+	for {
+		if !sleep(ctx, d) {
+			return false
+		}
+		pctx, cancel := context.WithTimeout(ctx, max(d, time.Second))
+		err := r.ping(pctx)
+		cancel()
+		if err == nil {
+			r.setBreaker(BreakerClosed)
+			return true
+		}
+		r.log.Debug("broker probe failed", "err", sanitize(err), "next_probe", min(2*d, r.cfg.probeMax))
+		d = min(2*d, r.cfg.probeMax)
+	}
+}
+
+func (r *Relay) ping(ctx context.Context) error {
+	r.pingCalls.Add(1)
+	r.m.brokerCalls.WithLabelValues("ping").Inc()
+	return r.pub.Ping(ctx)
+}
+
+// cycle runs one claim-publish-mark round. more reports that a shard
+// filled its share of the batch, i.e. there is probably more to do now.
+func (r *Relay) cycle(ctx context.Context) (more bool, err error) {
+	r.batchMu.Lock()
+	defer r.batchMu.Unlock()
+	shards, fences := r.ownedSnapshot()
+	if len(shards) == 0 || r.breakerOpen() {
+		return false, nil
+	}
+	per := max(1, (r.cfg.batch+len(shards)-1)/len(shards))
+	batch, more, err := r.claim(ctx, shards, fences, per)
+	if err != nil || len(batch) == 0 {
+		return false, err
+	}
+	// The batch finishes even if ctx is cancelled meanwhile (graceful
+	// shutdown): publish and mark under their own deadline.
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.publishTimeout)
+	defer cancel()
+	return more, r.publishAndMark(bctx, batch)
+}
+
+// claim reads up to per due rows of every owned shard. Rows are selected
+// by status, never by "id above the last one seen": identity values commit
+// out of order, and such a cursor skips the late ones forever.
+func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, per int) ([]claimed, bool, error) {
+	exec := r.db.Executor()
+	var out []claimed
+	more := false
+	scan := func(rows driver.Rows) error {
+		defer rows.Close()
+		counts := map[int]int{}
+		for rows.Next() {
+			var c claimed
+			var eid string
+			var seq, ver, shard, attempts int64
+			e := &c.ev
+			h := &e.Headers
+			if err := rows.Scan(&c.id, &eid, &e.TenantID, &e.AggregateType, &e.AggregateID, &seq, &e.EventType, &ver,
+				&e.Topic, &shard, &e.ContentType, &e.Payload, &e.OccurredAt, &h.Traceparent, &h.CorrelationID, &h.CausationID,
+				&h.Principal, &h.Action, &h.Target, &attempts); err != nil {
+				return fmt.Errorf("relay: claim: scan: %w", err)
+			}
+			id, err := uuid.Parse(eid)
+			if err != nil {
+				return fmt.Errorf("relay: claim: row %d has a bad event_id: %w", c.id, err)
+			}
+			e.ID, e.AggregateSeq, e.SchemaVersion, e.Shard = id, seq, int(ver), int(shard)
+			e.OccurredAt = e.OccurredAt.UTC()
+			c.attempts = int(attempts)
+			c.fence = fences[e.Shard]
+			counts[e.Shard]++
+			if counts[e.Shard] >= per {
+				more = true
+			}
+			out = append(out, c)
+		}
+		return rows.Err()
+	}
+	if r.q.dialect == driver.Postgres {
+		rows, err := exec.Query(ctx, r.q.claim, r.q.shardsParam(shards), per)
+		if err != nil {
+			return nil, false, fmt.Errorf("relay: claim: %w", err)
+		}
+		if err := scan(rows); err != nil {
+			return nil, false, err
+		}
+	} else {
+		for _, s := range shards {
+			rows, err := exec.Query(ctx, r.q.claim, s, per)
+			if err != nil {
+				return nil, false, fmt.Errorf("relay: claim shard %d: %w", s, err)
+			}
+			if err := scan(rows); err != nil {
+				return nil, false, err
+			}
+		}
+	}
+	return orderBatch(out), more, nil
+}
+
+// orderBatch sorts a batch by id and keeps, per aggregate, only a run of
+// consecutive sequence numbers. Defence in depth: the claim query already
+// guarantees it. It also stops an aggregate after a row that failed before
+// (attempts > 0): a row likely to fail again is published alone, so its
+// later events are not pipelined past it (which would put them on the
+// broker ahead of it).
+func orderBatch(b []claimed) []claimed {
+	sort.Slice(b, func(i, j int) bool { return b[i].id < b[j].id })
+	last := map[aggKey]int64{}
+	stop := map[aggKey]bool{}
+	out := b[:0]
+	for _, c := range b {
+		k := keyOf(&c.ev)
+		if stop[k] {
+			continue
+		}
+		if prev, ok := last[k]; ok && c.ev.AggregateSeq != prev+1 {
+			stop[k] = true
+			continue
+		}
+		last[k] = c.ev.AggregateSeq
+		if c.attempts > 0 {
+			stop[k] = true
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// publishAndMark publishes a batch, waits for every result and writes the
+// outcome in at most two statements, each fenced.
+func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
+	events := make([]ferry.Event, len(batch))
+	for i := range batch {
+		events[i] = batch[i].ev
+	}
+	if f := r.cfg.faults.BeforePublish; f != nil {
+		if err := f(ctx, events); err != nil {
+			return fmt.Errorf("%w: before publish: %w", ErrFaultInjected, err)
+		}
+	}
+	r.publishCalls.Add(1)
+	r.m.brokerCalls.WithLabelValues("publish").Inc()
+	results := r.pub.Publish(ctx, events)
+	if len(results) != len(events) {
+		err := broker.NewError(broker.ClassIndeterminate,
+			fmt.Errorf("publisher %s returned %d results for %d events", r.pub.Name(), len(results), len(events)))
+		results = make([]broker.Result, len(events))
+		for i := range results {
+			results[i].Err = err
+		}
+	}
+	acked := time.Now()
+	if f := r.cfg.faults.AfterPublishBeforeMark; f != nil {
+		if err := f(ctx, events, results); err != nil {
+			return fmt.Errorf("%w: after publish, before mark: %w", ErrFaultInjected, err)
+		}
+	}
+
+	// Walk in batch order. After an aggregate's first failure its later
+	// rows are left untouched: never marked sent ahead of the failed one
+	// (G3), and not charged an attempt they did not cause. They were
+	// possibly delivered already; they are published again after the
+	// failed row, and the broker's dedup or the consumer's cursor absorbs
+	// the copy.
+	var sent []sentRow
+	var sentIdx []int
+	var failed []failedRow
+	var failedIdx []int
+	transient := 0
+	blocked := map[aggKey]bool{}
+	for i := range batch {
+		c := &batch[i]
+		k := keyOf(&c.ev)
+		if blocked[k] {
+			continue
+		}
+		res := results[i]
+		if res.Err == nil {
+			sent = append(sent, sentRow{ID: c.id, Fence: c.fence, Receipt: res.Receipt.String()})
+			sentIdx = append(sentIdx, i)
+			continue
+		}
+		blocked[k] = true
+		class := broker.ClassOf(res.Err)
+		fr := failedRow{ID: c.id, Fence: c.fence, Err: class.String() + ": " + sanitize(res.Err)}
+		if class == broker.ClassPermanent || c.attempts+1 >= r.cfg.maxAttempts {
+			fr.Dead = true
+		} else {
+			fr.Delay = r.backoff(c.attempts + 1).Seconds()
+			transient++
+		}
+		failed = append(failed, fr)
+		failedIdx = append(failedIdx, i)
+	}
+
+	if len(sent) > 0 {
+		n, err := r.mark(ctx, r.q.markSent, sent, "sent")
+		if err != nil {
+			return err
+		}
+		r.published.Add(uint64(n))
+		r.m.published.Add(float64(n))
+		if n == int64(len(sent)) {
+			for _, i := range sentIdx {
+				r.m.latency.Observe(acked.Sub(batch[i].ev.OccurredAt).Seconds())
+				if results[i].Receipt.Duplicate {
+					r.duplicates.Add(1)
+					r.m.duplicates.Inc()
+				}
+			}
+		} else {
+			r.fencedWrites(int64(len(sent))-n, "sent")
+		}
+		r.m.batches.Inc()
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	if transient > 0 {
+		// Is this the broker being down rather than these rows failing?
+		// Then open the breaker and charge no attempts: an outage must not
+		// move rows towards dead, nor hammer the broker with retries.
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		perr := r.ping(pctx)
+		cancel()
+		if perr != nil {
+			r.setBreaker(BreakerOpen)
+			r.log.Warn("broker unreachable; breaker open, attempts not charged",
+				"failed_rows", transient, "err", sanitize(perr))
+			kept := failed[:0]
+			keptIdx := failedIdx[:0]
+			for j, fr := range failed {
+				if fr.Dead && broker.ClassOf(results[failedIdx[j]].Err) == broker.ClassPermanent {
+					kept = append(kept, fr)
+					keptIdx = append(keptIdx, failedIdx[j])
+				}
+			}
+			failed, failedIdx = kept, keptIdx
+			if len(failed) == 0 {
+				return nil
+			}
+		}
+	}
+	n, err := r.mark(ctx, r.q.markFailed, failed, "failed")
+	if err != nil {
+		return err
+	}
+	if n < int64(len(failed)) {
+		r.fencedWrites(int64(len(failed))-n, "failed")
+		return nil
+	}
+	for j, fr := range failed {
+		c := &batch[failedIdx[j]]
+		attrs := []any{"event_id", c.ev.ID.String(), "aggregate", ferry.AggregateKey(c.ev.TenantID, c.ev.AggregateType, c.ev.AggregateID),
+			"aggregate_seq", c.ev.AggregateSeq, "attempts", c.attempts + 1, "err", fr.Err}
+		if fr.Dead {
+			r.dead.Add(1)
+			r.m.deadTotal.Inc()
+			r.log.Error("event dead-lettered", append(attrs, "dead_policy", string(r.cfg.deadPolicy))...)
+		} else {
+			r.retries.Add(1)
+			r.m.retries.Inc()
+			r.log.Warn("publish failed; retrying later", append(attrs, "retry_in", time.Duration(fr.Delay*float64(time.Second)).Round(time.Millisecond))...)
+		}
+	}
+	return nil
+}
+
+func (r *Relay) fencedWrites(n int64, kind string) {
+	r.fenced.Add(uint64(n))
+	r.m.fenced.Add(float64(n))
+	r.log.Warn("lease lost: row updates rejected by the fence; the new owner republishes them", "rows", n, "kind", kind)
+}
+
+// mark runs one fenced update over rows and returns how many rows it
+// changed; fewer than len(rows) means the lease was lost meanwhile.
+func (r *Relay) mark(ctx context.Context, sql string, rows any, kind string) (int64, error) {
+	p, err := jsonParam(rows)
+	if err != nil {
+		return 0, err
+	}
+	n, err := r.db.Executor().Exec(ctx, sql, r.cfg.instance, p)
+	if err != nil {
+		return 0, fmt.Errorf("relay: mark %s: %w", kind, err)
+	}
+	if r.cfg.afterMark != nil {
+		r.cfg.afterMark(kind)
+	}
+	return n, nil
+}
+
+// backoff returns the delay before attempt+1: full jitter, uniform in
+// [0, min(max, base·2^(attempt-1))].
+func (r *Relay) backoff(attempt int) time.Duration {
+	ceil := r.cfg.backoffBase
+	for i := 1; i < attempt && ceil < r.cfg.backoffMax; i++ {
+		ceil *= 2
+	}
+	ceil = min(ceil, r.cfg.backoffMax)
+	return time.Duration(rand.Int64N(int64(ceil) + 1))
+}
+
+// maxErrorBytes bounds last_error.
+const maxErrorBytes = 512
+
+// sanitize turns an error into text safe to store and log: the error's own
+// message only (publishers never put payload in errors), control
+// characters replaced, valid UTF-8, at most maxErrorBytes.
+func sanitize(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := strings.ToValidUTF8(err.Error(), "?")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) > maxErrorBytes {
+		cut := maxErrorBytes
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return s
+}
