@@ -1,0 +1,376 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+)
+
+// Sentinel errors callers branch on with errors.Is.
+var (
+	// ErrSlotBusy: another relay holds the slot. Run treats it as "wait as
+	// standby and retry"; it is exported for logs and tests.
+	ErrSlotBusy = errors.New("cdc: replication slot is held by another relay")
+	// ErrSlotLost: the slot was invalidated (wal_status = lost) or dropped
+	// behind the relay's back. Run recovers by recreating the slot and
+	// re-publishing pending rows from the table, and says so loudly.
+	ErrSlotLost = errors.New("cdc: replication slot lost")
+	// ErrPublicationMismatch: an existing publication or slot with the
+	// configured name does not fit (publishes other tables, not pgoutput,
+	// another database). Run stops: guessing would publish the wrong rows.
+	ErrPublicationMismatch = errors.New("cdc: publication or slot does not match the outbox")
+)
+
+// Role is what a relay is doing with its slot.
+type Role string
+
+// The roles.
+const (
+	RoleStarting Role = "starting" // connecting, checking publication and slot
+	RoleStandby  Role = "standby"  // another relay holds the slot; retrying
+	RoleActive   Role = "active"   // streaming from the slot
+	RoleStopped  Role = "stopped"  // Run returned
+)
+
+// Status is a snapshot for `ferry status` and health checks.
+type Status struct {
+	Role        Role
+	Slot        string
+	Publication string
+	// ConfirmedLSN is the position this relay last confirmed to Postgres:
+	// every outbox transaction committed before it was acknowledged by the
+	// broker and recorded in the table.
+	ConfirmedLSN string
+	// LagBytes and LagSeconds are sampled from pg_replication_slots (see
+	// the ferry_cdc_slot_lag_* metrics); WALStatus is its wal_status
+	// (reserved, extended, unreserved, lost).
+	LagBytes   int64
+	LagSeconds float64
+	WALStatus  string
+	SampledAt  time.Time
+	// Published, Dead, Retries and SlotLosses count since New.
+	Published  int64
+	Dead       int64
+	Retries    int64
+	SlotLosses int64
+	// CatchingUp is true while the relay re-publishes pending rows from
+	// the table after it created or recreated the slot.
+	CatchingUp bool
+	// LastError is the last session error (sanitised), empty when none.
+	LastError string
+}
+
+// Relay publishes committed outbox rows from Postgres' logical replication
+// stream. Create it with [New], run it with [Run]; it is safe to call
+// [Relay.Status] from any goroutine.
+type Relay struct {
+	cfg      config
+	connStr  string
+	replCfg  *pgconn.Config
+	pub      broker.Publisher
+	m        *metrics
+	log      *slog.Logger
+	running  atomic.Bool
+	mu       sync.Mutex
+	st       Status
+	lagAlert bool // guarded by mu: an alert is open (log once per crossing)
+
+	published, dead, retries, losses atomic.Int64
+}
+
+// New validates the configuration and returns a relay. connString is an
+// ordinary Postgres URL or DSN (the relay adds replication=database for its
+// streaming connection and opens a small pool with the plain string for
+// bookkeeping). It connects nothing until Run.
+func New(connString string, pub broker.Publisher, opts ...Option) (*Relay, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if pub == nil {
+		return nil, &ferry.ConfigError{Field: "publisher", Reason: "must not be nil"}
+	}
+	if _, err := pgxpool.ParseConfig(connString); err != nil {
+		return nil, &ferry.ConfigError{Field: "conn_string", Reason: "not a valid Postgres connection string: " + sanitize(err)}
+	}
+	rc, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		return nil, &ferry.ConfigError{Field: "conn_string", Reason: "not a valid Postgres connection string: " + sanitize(err)}
+	}
+	if rc.RuntimeParams == nil {
+		rc.RuntimeParams = map[string]string{}
+	}
+	// The walsender formats values with its own settings: pin the ones the
+	// decoder parses, whatever the server's defaults are.
+	rc.RuntimeParams["replication"] = "database"
+	rc.RuntimeParams["datestyle"] = "ISO, YMD"
+	rc.RuntimeParams["bytea_output"] = "hex"
+	rc.RuntimeParams["timezone"] = "UTC"
+	rc.RuntimeParams["extra_float_digits"] = "3"
+	if rc.RuntimeParams["application_name"] == "" {
+		rc.RuntimeParams["application_name"] = "ferry-cdc"
+	}
+	m, err := newMetrics(cfg.registerer, cfg.slot)
+	if err != nil {
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, connStr: connString, replCfg: rc, pub: pub, m: m,
+		log: cfg.logger.With("component", "cdc", "slot", cfg.slot)}
+	r.st = Status{Role: RoleStopped, Slot: cfg.slot, Publication: cfg.publication}
+	return r, nil
+}
+
+// sanitize keeps an error message but never a password from a DSN.
+func sanitize(err error) string {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		return "parse error"
+	}
+	return err.Error()
+}
+
+// Status returns a snapshot of the relay's state and slot lag.
+func (r *Relay) Status() Status {
+	r.mu.Lock()
+	st := r.st
+	r.mu.Unlock()
+	st.Published, st.Dead, st.Retries, st.SlotLosses = r.published.Load(), r.dead.Load(), r.retries.Load(), r.losses.Load()
+	return st
+}
+
+func (r *Relay) setRole(role Role) {
+	r.mu.Lock()
+	r.st.Role = role
+	r.mu.Unlock()
+	if role == RoleActive {
+		r.m.active.Set(1)
+	} else {
+		r.m.active.Set(0)
+	}
+}
+
+func (r *Relay) setError(err error) {
+	r.mu.Lock()
+	if err == nil {
+		r.st.LastError = ""
+	} else {
+		r.st.LastError = truncate(err.Error(), 300)
+	}
+	r.mu.Unlock()
+}
+
+// Run streams until ctx is cancelled, then returns nil; it returns an error
+// only for a configuration that cannot work (missing outbox table, a
+// mismatched publication or slot). Connection losses, broker outages and a
+// busy slot are retried: a second relay on the same slot waits as standby
+// and takes over within the acquire interval after the first dies.
+//
+// Run may be called once per Relay.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("cdc: Run called twice")
+	}
+	r.setRole(RoleStarting)
+	defer r.setRole(RoleStopped)
+	pool, err := pgxpool.New(ctx, r.connStr)
+	if err != nil {
+		return fmt.Errorf("cdc: connect: %w", err)
+	}
+	defer pool.Close()
+
+	var tgt target
+	for {
+		tgt, err = resolveTarget(ctx, pool, r.cfg.tables)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrPublicationMismatch) {
+			return err
+		}
+		r.log.Warn("cdc: cannot resolve outbox table, retrying", "err", err)
+		if !sleep(ctx, r.cfg.backoffMax) {
+			return nil
+		}
+	}
+
+	var wg sync.WaitGroup
+	bg, stopBG := context.WithCancel(ctx)
+	defer func() { stopBG(); wg.Wait() }()
+	wg.Add(1)
+	go func() { defer wg.Done(); r.monitor(bg, pool) }()
+	if r.cfg.heartbeat > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.heartbeat(bg, pool) }()
+	}
+
+	b := backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}
+	for {
+		err := r.session(ctx, pool, tgt)
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch {
+		case errors.Is(err, ErrSlotBusy):
+			r.setRole(RoleStandby)
+			r.log.Debug("cdc: slot busy, standing by", "retry_in", r.cfg.acquire)
+			if !sleep(ctx, r.cfg.acquire) {
+				return nil
+			}
+			continue
+		case errors.Is(err, ErrPublicationMismatch), errors.Is(err, ferry.ErrInvalidConfig):
+			r.setError(err)
+			return err
+		}
+		r.m.sessionErrs.Inc()
+		r.setError(err)
+		r.setRole(RoleStarting)
+		d := b.next()
+		r.log.Warn("cdc: replication session ended, reconnecting", "err", err, "retry_in", d)
+		if !sleep(ctx, d) {
+			return nil
+		}
+	}
+}
+
+// target is the resolved outbox table.
+type target struct {
+	oid       uint32
+	schema    string
+	name      string
+	qualified string // quoted schema.name
+	slotTable string // quoted cdc_slot bookkeeping table
+}
+
+func resolveTarget(ctx context.Context, pool *pgxpool.Pool, t ferry.Tables) (target, error) {
+	var tg target
+	err := pool.QueryRow(ctx, `SELECT c.oid, n.nspname, c.relname FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, t.Name("outbox")).
+		Scan(&tg.oid, &tg.schema, &tg.name)
+	if err != nil {
+		return tg, fmt.Errorf("cdc: outbox table %s not found (run `ferry migrate up`): %w", t.Name("outbox"), err)
+	}
+	tg.qualified = fmt.Sprintf("%q.%q", tg.schema, tg.name)
+	// The bookkeeping table lives next to the outbox, in the same schema.
+	slotTables := ferry.Tables{Schema: tg.schema, Prefix: t.Prefix}
+	tg.slotTable = slotTables.Name("cdc_slot")
+	var ok bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, tg.slotTable).Scan(&ok); err != nil {
+		return tg, fmt.Errorf("cdc: look up %s: %w", tg.slotTable, err)
+	}
+	if !ok {
+		return tg, fmt.Errorf("cdc: bookkeeping table %s not found (run `ferry migrate up`, migration 0006)", tg.slotTable)
+	}
+	return tg, nil
+}
+
+// backoff is bounded exponential backoff with full jitter.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur < b.min {
+		b.cur = b.min
+	} else {
+		b.cur = min(b.cur*2, b.max)
+	}
+	return b.min/2 + rand.N(b.cur-b.min/2+1)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// sleep waits d or until ctx ends; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// monitor samples slot lag from pg_replication_slots into metrics and
+// Status, and raises (logs) an alert when it crosses the threshold.
+func (r *Relay) monitor(ctx context.Context, pool *pgxpool.Pool) {
+	var lastConfirmed pglogrepl.LSN
+	var lastMove time.Time
+	for {
+		var lag *int64
+		var confirmed *pglogrepl.LSN
+		var walStatus *string
+		err := pool.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, confirmed_flush_lsn, wal_status
+			FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.slot).Scan(&lag, &confirmed, &walStatus)
+		now := time.Now()
+		if err == nil {
+			var lb int64
+			var ws string
+			if lag != nil {
+				lb = max(*lag, 0)
+			}
+			if walStatus != nil {
+				ws = *walStatus
+			}
+			if confirmed != nil && *confirmed != lastConfirmed {
+				lastConfirmed, lastMove = *confirmed, now
+			}
+			var secs float64
+			if lb > 0 && !lastMove.IsZero() {
+				secs = now.Sub(lastMove).Seconds()
+			}
+			r.m.lagBytes.Set(float64(lb))
+			r.m.lagSeconds.Set(secs)
+			alert := (r.cfg.lagAlertBytes > 0 && lb > r.cfg.lagAlertBytes) ||
+				(r.cfg.lagAlertAge > 0 && secs > r.cfg.lagAlertAge.Seconds()) || ws == "lost" || ws == "unreserved"
+			r.mu.Lock()
+			r.st.LagBytes, r.st.LagSeconds, r.st.WALStatus, r.st.SampledAt = lb, secs, ws, now
+			opened := alert && !r.lagAlert
+			closed := !alert && r.lagAlert
+			r.lagAlert = alert
+			r.mu.Unlock()
+			if opened {
+				r.m.lagAlerts.Inc()
+				r.log.Error("cdc: ALERT slot lag", "alert", "slot_lag", "lag_bytes", lb, "lag_seconds", secs, "wal_status", ws)
+			} else if closed {
+				r.log.Info("cdc: slot lag back under threshold", "lag_bytes", lb, "lag_seconds", secs)
+			}
+		} else if ctx.Err() == nil && !errors.Is(err, context.Canceled) {
+			r.log.Debug("cdc: slot lag sample failed", "err", err)
+		}
+		if !sleep(ctx, r.cfg.monitor) {
+			return
+		}
+	}
+}
+
+// heartbeat writes a non-transactional logical message so WAL moves and the
+// server's keepalives carry a fresh position the relay can confirm.
+func (r *Relay) heartbeat(ctx context.Context, pool *pgxpool.Pool) {
+	for sleep(ctx, r.cfg.heartbeat) {
+		if r.Status().Role != RoleActive {
+			continue
+		}
+		if _, err := pool.Exec(ctx, `SELECT pg_logical_emit_message(false, 'ferry.heartbeat', '')`); err != nil && ctx.Err() == nil {
+			r.log.Debug("cdc: heartbeat failed", "err", err)
+		}
+	}
+}

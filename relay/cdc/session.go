@@ -1,0 +1,783 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+)
+
+// SQLSTATEs the session branches on.
+const (
+	sqlstateObjectInUse      = "55006" // slot active for another PID
+	sqlstateDuplicateObject  = "42710" // slot or publication already exists
+	sqlstateNotInPrereqState = "55000" // slot invalidated, cannot get changes
+	sqlstateUndefinedObject  = "42704" // slot does not exist
+)
+
+func pgCode(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// txn is one committed outbox transaction from the stream.
+type txn struct {
+	events     []ferry.Event
+	end        pglogrepl.LSN // TransactionEndLSN: confirmed once every event is acked and recorded
+	commitTime time.Time
+}
+
+// outcome of publishing one event.
+type outcome struct {
+	id      uuid.UUID
+	receipt string
+	dead    string // non-empty: permanent failure, sanitised
+}
+
+// flushItem is what the flusher records and then confirms.
+type flushItem struct {
+	outcomes []outcome
+	lsn      pglogrepl.LSN
+	ntx      int64 // stream transactions covered (for the in-flight count)
+}
+
+// session is one hold of the slot: a replication connection plus the
+// shipper and flusher goroutines behind it.
+type session struct {
+	r        *Relay
+	pool     *pgxpool.Pool
+	tgt      target
+	conn     *pgconn.PgConn
+	catchUp  bool
+	// catchUpTo bounds the catch-up to ids <= it (nil: unbounded).
+	catchUpTo *int64
+	inflight atomic.Int64 // transactions handed off and not yet confirmed
+	// confirmed is the highest LSN safe to report as flushed.
+	confirmed atomic.Uint64
+	txCh      chan *txn
+	flushCh   chan flushItem
+}
+
+// session holds the slot until an error or ctx ends.
+func (r *Relay) session(ctx context.Context, pool *pgxpool.Pool, tgt target) error {
+	if err := r.ensurePublication(ctx, pool, tgt); err != nil {
+		return err
+	}
+	create, err := r.prepareSlot(ctx, pool, tgt)
+	if err != nil {
+		return err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, r.replCfg)
+	if err != nil {
+		return fmt.Errorf("cdc: replication connect: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if create {
+		res, err := pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.slot, "pgoutput",
+			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+		if pgCode(err) == sqlstateDuplicateObject {
+			return fmt.Errorf("%w: created concurrently by another relay", ErrSlotBusy)
+		}
+		if err != nil {
+			return fmt.Errorf("cdc: create slot %s: %w", r.cfg.slot, err)
+		}
+		// The exported snapshot sees exactly the transactions committed
+		// before the slot's consistent point: the highest outbox id it sees
+		// bounds the catch-up, later rows come through the slot. The
+		// snapshot lives until this connection runs its next command.
+		upto, err := snapshotMaxID(ctx, pool, tgt, res.SnapshotName)
+		if err != nil {
+			return err
+		}
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET slot_created_at = now(), catchup_upto = $2 WHERE slot_name = $1`, tgt.slotTable),
+			r.cfg.slot, upto); err != nil {
+			return fmt.Errorf("cdc: record slot creation: %w", err)
+		}
+		r.log.Info("cdc: replication slot created", "publication", r.cfg.publication, "consistent_point", res.ConsistentPoint, "catchup_upto_id", upto)
+	}
+	var start pglogrepl.LSN // 0: the server resumes from the slot's confirmed_flush_lsn
+	if r.cfg.faults.StartFromCurrentWAL {
+		if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()`).Scan(&start); err != nil {
+			return fmt.Errorf("cdc: current wal lsn: %w", err)
+		}
+	}
+	err = pglogrepl.StartReplication(ctx, conn, r.cfg.slot, start, pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication,
+		PluginArgs: []string{
+			"proto_version '1'",
+			fmt.Sprintf("publication_names '%s'", r.cfg.publication), // validated identifier
+			"messages 'false'",
+		},
+	})
+	switch pgCode(err) {
+	case "":
+	case sqlstateObjectInUse:
+		return fmt.Errorf("%w: %w", ErrSlotBusy, err)
+	case sqlstateNotInPrereqState, sqlstateUndefinedObject:
+		// Invalidated or dropped between the check and the start: the next
+		// session's prepareSlot sees it and recovers.
+		return fmt.Errorf("%w: %w", ErrSlotLost, err)
+	}
+	if err != nil {
+		return fmt.Errorf("cdc: start replication: %w", err)
+	}
+	// We hold the slot now: nobody else can be streaming or catching up.
+	s := &session{r: r, pool: pool, tgt: tgt, conn: conn,
+		txCh: make(chan *txn, r.cfg.maxPending), flushCh: make(chan flushItem, 64)}
+	var slotConfirmed pglogrepl.LSN
+	if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT s.confirmed_flush_lsn, coalesce(c.catchup_needed, false), c.catchup_upto
+		FROM pg_replication_slots s LEFT JOIN %s c ON c.slot_name = s.slot_name WHERE s.slot_name = $1`, tgt.slotTable),
+		r.cfg.slot).Scan(&slotConfirmed, &s.catchUp, &s.catchUpTo); err != nil {
+		return fmt.Errorf("cdc: read slot position: %w", err)
+	}
+	if r.cfg.faults.NoCatchUp {
+		s.catchUp = false
+	}
+	r.setCatchingUp(s.catchUp)
+	s.confirmed.Store(uint64(slotConfirmed))
+	r.m.confirmed.Set(float64(slotConfirmed))
+	r.setRole(RoleActive)
+	r.setError(nil)
+	r.log.Info("cdc: streaming", "from_lsn", slotConfirmed.String(), "catch_up", s.catchUp)
+	return s.run(ctx)
+}
+
+// ensurePublication creates the publication on first start (outbox table
+// only, inserts only) and otherwise checks it publishes exactly that table.
+func (r *Relay) ensurePublication(ctx context.Context, pool *pgxpool.Pool, tgt target) error {
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, r.cfg.publication).Scan(&exists); err != nil {
+		return fmt.Errorf("cdc: look up publication: %w", err)
+	}
+	if !exists {
+		_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %q FOR TABLE %s WITH (publish = 'insert')`, r.cfg.publication, tgt.qualified))
+		if err != nil && pgCode(err) != sqlstateDuplicateObject {
+			return fmt.Errorf("cdc: create publication %s: %w", r.cfg.publication, err)
+		}
+		if err == nil {
+			r.log.Info("cdc: publication created", "publication", r.cfg.publication, "table", tgt.qualified)
+		}
+	}
+	var all, insert, ours bool
+	var others int
+	err := pool.QueryRow(ctx, `SELECT p.puballtables, p.pubinsert,
+			EXISTS (SELECT 1 FROM pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid = $2),
+			(SELECT count(*) FROM pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid <> $2)
+		FROM pg_publication p WHERE p.pubname = $1`, r.cfg.publication, tgt.oid).Scan(&all, &insert, &ours, &others)
+	if err != nil {
+		return fmt.Errorf("cdc: check publication: %w", err)
+	}
+	if all || !insert || !ours || others > 0 {
+		return fmt.Errorf("%w: publication %s must publish inserts of %s and nothing else (all_tables=%v insert=%v includes_outbox=%v other_tables=%d)",
+			ErrPublicationMismatch, r.cfg.publication, tgt.qualified, all, insert, ours, others)
+	}
+	return nil
+}
+
+// prepareSlot decides whether the slot must be created, detecting a lost or
+// dropped slot on the way. It reports create=true after durably setting the
+// catch-up marker, so the pending rows the old slot held (or that predate a
+// first slot) are re-published from the table even if the relay crashes
+// right after creating the slot.
+func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool, tgt target) (create bool, err error) {
+	var (
+		slotExists, active, sameDB bool
+		plugin, walStatus          *string
+		rowExists                  bool
+	)
+	err = pool.QueryRow(ctx, `SELECT true, plugin, coalesce(database = current_database(), false), wal_status, active
+		FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.slot).Scan(&slotExists, &plugin, &sameDB, &walStatus, &active)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return false, fmt.Errorf("cdc: look up slot: %w", err)
+	}
+	if slotExists && (plugin == nil || *plugin != "pgoutput" || !sameDB) {
+		return false, fmt.Errorf("%w: slot %s exists but is not a pgoutput slot of this database", ErrPublicationMismatch, r.cfg.slot)
+	}
+	if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE slot_name = $1)`, tgt.slotTable), r.cfg.slot).Scan(&rowExists); err != nil {
+		return false, fmt.Errorf("cdc: read slot record: %w", err)
+	}
+	lost := ""
+	switch {
+	case slotExists && walStatus != nil && *walStatus == "lost":
+		if active {
+			return false, fmt.Errorf("%w: lost slot still active", ErrSlotBusy)
+		}
+		lost = "wal_status=lost (WAL removed beyond max_slot_wal_keep_size)"
+		if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, r.cfg.slot); err != nil {
+			if pgCode(err) == sqlstateObjectInUse {
+				return false, fmt.Errorf("%w: %w", ErrSlotBusy, err)
+			}
+			return false, fmt.Errorf("cdc: drop lost slot: %w", err)
+		}
+		slotExists = false
+	case !slotExists && rowExists:
+		lost = "slot missing although this relay created it before (dropped)"
+	}
+	if lost != "" {
+		r.losses.Add(1)
+		r.m.slotLost.Inc()
+		r.log.Error("cdc: ALERT replication slot lost; recreating it and re-publishing pending rows from the outbox table",
+			"alert", "slot_lost", "reason", lost, "err", ErrSlotLost)
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET catchup_needed = true, lost_count = lost_count + 1,
+			lost_at = now(), last_error = $2 WHERE slot_name = $1`, tgt.slotTable), r.cfg.slot, lost); err != nil {
+			return false, fmt.Errorf("cdc: record slot loss: %w", err)
+		}
+		return true, nil
+	}
+	if !slotExists {
+		// First start: rows written before the slot existed are only in the table.
+		_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot_name, publication, catchup_needed) VALUES ($1, $2, true)
+			ON CONFLICT (slot_name) DO UPDATE SET catchup_needed = true`, tgt.slotTable), r.cfg.slot, r.cfg.publication)
+		if err != nil {
+			return false, fmt.Errorf("cdc: record slot: %w", err)
+		}
+		return true, nil
+	}
+	if !rowExists {
+		// A slot made by hand (or before the table existed): trust it.
+		_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot_name, publication, catchup_needed) VALUES ($1, $2, false)
+			ON CONFLICT (slot_name) DO NOTHING`, tgt.slotTable), r.cfg.slot, r.cfg.publication)
+		if err != nil {
+			return false, fmt.Errorf("cdc: record slot: %w", err)
+		}
+	}
+	return false, nil
+}
+
+// run drives the pipeline: this goroutine reads the replication stream
+// (it alone uses conn), the shipper publishes, the flusher records and
+// confirms. The first error stops all three.
+func (s *session) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := s.ship(ctx); err != nil {
+			cancel(err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := s.flush(ctx); err != nil {
+			cancel(err)
+		}
+	}()
+	err := s.read(ctx)
+	cancel(err)
+	wg.Wait()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
+	// A last status update so a clean stop leaves the slot as far as
+	// everything acknowledged and recorded.
+	_ = s.sendStatus(false)
+	return err
+}
+
+// advance raises the confirmed LSN (never lowers it).
+func (s *session) advance(lsn pglogrepl.LSN) {
+	for {
+		cur := s.confirmed.Load()
+		if uint64(lsn) <= cur {
+			return
+		}
+		if s.confirmed.CompareAndSwap(cur, uint64(lsn)) {
+			if f := s.r.cfg.faults.BeforeConfirm; f != nil {
+				f(uint64(lsn))
+			}
+			s.r.m.confirmed.Set(float64(lsn))
+			s.r.mu.Lock()
+			s.r.st.ConfirmedLSN = lsn.String()
+			s.r.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (s *session) sendStatus(reply bool) error {
+	lsn := pglogrepl.LSN(s.confirmed.Load())
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ReplyRequested: reply})
+	if err != nil {
+		return fmt.Errorf("cdc: standby status update: %w", err)
+	}
+	return nil
+}
+
+// read decodes the stream into transactions and answers keepalives.
+func (s *session) read(ctx context.Context) error {
+	cfg := &s.r.cfg
+	rels := map[uint32]*relation{}
+	var cur *txn
+	var warned bool
+	nextStatus := time.Now()
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !time.Now().Before(nextStatus) {
+			if err := s.sendStatus(true); err != nil {
+				return err
+			}
+			nextStatus = time.Now().Add(cfg.standby)
+		}
+		rctx, rcancel := context.WithDeadline(ctx, nextStatus)
+		raw, err := s.conn.ReceiveMessage(rctx)
+		rcancel()
+		if err != nil {
+			if pgconn.Timeout(err) && ctx.Err() == nil {
+				continue
+			}
+			return fmt.Errorf("cdc: receive: %w", err)
+		}
+		var data []byte
+		switch m := raw.(type) {
+		case *pgproto3.CopyData:
+			data = m.Data
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("cdc: replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyDone:
+			return errors.New("cdc: server ended the replication stream")
+		default:
+			continue
+		}
+		if len(data) == 0 {
+			continue
+		}
+		switch data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+			if err != nil {
+				return fmt.Errorf("cdc: keepalive: %w", err)
+			}
+			// Idle advance: with no outbox transaction open or unconfirmed,
+			// everything the server sent before this keepalive is handled, so
+			// its WAL position is safe to confirm. This keeps an idle outbox on
+			// a busy database from pinning WAL.
+			if cur == nil && s.inflight.Load() == 0 {
+				s.advance(ka.ServerWALEnd)
+			}
+			if ka.ReplyRequested {
+				if err := s.sendStatus(false); err != nil {
+					return err
+				}
+				nextStatus = time.Now().Add(cfg.standby)
+			}
+		case pglogrepl.XLogDataByteID:
+			xld, err := pglogrepl.ParseXLogData(data[1:])
+			if err != nil {
+				return fmt.Errorf("cdc: xlogdata: %w", err)
+			}
+			msg, err := pglogrepl.Parse(xld.WALData)
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrDecode, err)
+			}
+			switch m := msg.(type) {
+			case *pglogrepl.RelationMessage:
+				rel := newRelation(m)
+				if m.RelationID == s.tgt.oid {
+					if err := rel.check(); err != nil {
+						return err
+					}
+				}
+				rels[m.RelationID] = rel
+			case *pglogrepl.BeginMessage:
+				cur = &txn{commitTime: m.CommitTime}
+			case *pglogrepl.InsertMessage:
+				if m.RelationID != s.tgt.oid {
+					if !warned {
+						warned = true
+						s.r.log.Warn("cdc: ignoring rows of a table other than the outbox (check the publication)", "relation_id", m.RelationID)
+					}
+					continue
+				}
+				rel := rels[m.RelationID]
+				if rel == nil || cur == nil {
+					return fmt.Errorf("%w: insert before its relation or transaction", ErrDecode)
+				}
+				ev, err := rel.decodeInsert(m.Tuple)
+				if err != nil {
+					return err
+				}
+				cur.events = append(cur.events, ev)
+			case *pglogrepl.CommitMessage:
+				if cur == nil {
+					return fmt.Errorf("%w: commit without begin", ErrDecode)
+				}
+				cur.end = m.TransactionEndLSN
+				t := cur
+				cur = nil
+				if err := s.handOff(ctx, t); err != nil {
+					return err
+				}
+			default:
+				// Origin, Type, Truncate, Update, Delete: not published (the
+				// publication is insert-only) or irrelevant.
+			}
+		}
+	}
+}
+
+// handOff passes a committed transaction to the shipper. Back-pressure:
+// while the shipper is behind (broker down), the reader stops reading but
+// keeps sending status updates, so the server does not time the session out.
+func (s *session) handOff(ctx context.Context, t *txn) error {
+	if len(t.events) == 0 && s.inflight.Load() == 0 {
+		s.advance(t.end)
+		return nil
+	}
+	s.inflight.Add(1)
+	if s.r.cfg.faults.ConfirmBeforeAck {
+		s.advance(t.end)
+	}
+	select {
+	case s.txCh <- t:
+		return nil
+	default:
+	}
+	tick := time.NewTicker(s.r.cfg.standby)
+	defer tick.Stop()
+	for {
+		select {
+		case s.txCh <- t:
+			return nil
+		case <-tick.C:
+			if err := s.sendStatus(false); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// ship publishes transactions in commit order, batching whatever has
+// queued up while the previous batch was in flight.
+func (s *session) ship(ctx context.Context) error {
+	if s.catchUp {
+		if err := s.runCatchUp(ctx); err != nil {
+			return err
+		}
+	}
+	var batch []*txn
+	var events []ferry.Event
+	for {
+		batch, events = batch[:0], events[:0]
+		select {
+		case <-ctx.Done():
+			return nil
+		case t := <-s.txCh:
+			batch = append(batch, t)
+			events = append(events, t.events...)
+		}
+	drain:
+		for len(events) < s.r.cfg.maxBatch {
+			select {
+			case t := <-s.txCh:
+				batch = append(batch, t)
+				events = append(events, t.events...)
+			default:
+				break drain
+			}
+		}
+		outs, err := s.publishAll(ctx, events)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		for _, t := range batch {
+			if len(t.events) > 0 {
+				s.r.m.ackLatency.Observe(now.Sub(t.commitTime).Seconds())
+			}
+		}
+		item := flushItem{outcomes: outs, lsn: batch[len(batch)-1].end, ntx: int64(len(batch))}
+		select {
+		case s.flushCh <- item:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// publishAll publishes events until every one is acknowledged or
+// permanently refused. Transient failures are retried, in order, with
+// bounded backoff; while the broker does not answer Ping no attempt is
+// spent. It returns only on success or when ctx ends.
+func (s *session) publishAll(ctx context.Context, events []ferry.Event) ([]outcome, error) {
+	outs := make([]outcome, len(events))
+	todo := make([]int, len(events))
+	for i := range events {
+		outs[i].id = events[i].ID
+		todo[i] = i
+	}
+	b := backoff{min: s.r.cfg.backoffMin, max: s.r.cfg.backoffMax}
+	var chunk []ferry.Event
+	for len(todo) > 0 {
+		var retry []int
+		for start := 0; start < len(todo); start += s.r.cfg.maxBatch {
+			idx := todo[start:min(start+s.r.cfg.maxBatch, len(todo))]
+			chunk = chunk[:0]
+			for _, i := range idx {
+				chunk = append(chunk, events[i])
+			}
+			res := s.r.pub.Publish(ctx, chunk)
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			for k, i := range idx {
+				var rs broker.Result
+				if k < len(res) {
+					rs = res[k]
+				} else {
+					rs.Err = broker.NewError(broker.ClassIndeterminate, errors.New("publisher returned fewer results than events"))
+				}
+				switch {
+				case rs.Err == nil:
+					outs[i].receipt = rs.Receipt.String()
+				case broker.ClassOf(rs.Err) == broker.ClassPermanent:
+					outs[i].dead = truncate(rs.Err.Error(), 500)
+					s.r.dead.Add(1)
+					s.r.m.dead.Inc()
+					s.r.log.Error("cdc: ALERT event permanently refused by the broker; row marked dead",
+						"alert", "dead_event", "event_id", events[i].ID, "event_type", events[i].EventType,
+						"aggregate_type", events[i].AggregateType, "aggregate_id", events[i].AggregateID, "err", rs.Err)
+				default:
+					retry = append(retry, i)
+				}
+			}
+		}
+		if len(retry) == 0 {
+			break
+		}
+		todo = retry
+		s.r.retries.Add(int64(len(retry)))
+		s.r.m.retries.Add(float64(len(retry)))
+		d := b.next()
+		s.r.log.Warn("cdc: broker publish failed, retrying", "events", len(retry), "first_event_id", events[retry[0]].ID, "retry_in", d)
+		if !sleep(ctx, d) {
+			return nil, ctx.Err()
+		}
+		// Wait for the broker to answer before spending another attempt:
+		// one probe per backoff period, never a retry storm.
+		for {
+			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+			err := s.r.pub.Ping(pctx)
+			pcancel()
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if !sleep(ctx, b.next()) {
+				return nil, ctx.Err()
+			}
+		}
+	}
+	var n int64
+	for _, o := range outs {
+		if o.dead == "" {
+			n++
+		}
+	}
+	s.r.published.Add(n)
+	s.r.m.published.Add(float64(n))
+	return outs, nil
+}
+
+// flush records outcomes in the table in batches, then confirms the LSN.
+// The order matters: the table is what slot-loss recovery re-publishes
+// from, so a transaction is confirmed to Postgres only after its rows say
+// sent (or dead). A crash between the two costs duplicates, never a loss.
+func (s *session) flush(ctx context.Context) error {
+	var items []flushItem
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	armed := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case it := <-s.flushCh:
+			items = append(items, it)
+			if !armed {
+				timer.Reset(s.r.cfg.flushInterval)
+				armed = true
+			}
+			continue
+		case <-timer.C:
+			armed = false
+		}
+		// Gather anything else already waiting.
+	more:
+		for {
+			select {
+			case it := <-s.flushCh:
+				items = append(items, it)
+			default:
+				break more
+			}
+		}
+		var outs []outcome
+		var ntx int64
+		for _, it := range items {
+			outs = append(outs, it.outcomes...)
+			ntx += it.ntx
+		}
+		lsn := items[len(items)-1].lsn
+		if err := s.record(ctx, outs); err != nil {
+			return err
+		}
+		s.advance(lsn)
+		s.inflight.Add(-ntx)
+		items = items[:0]
+	}
+}
+
+// record writes outcomes: sent rows get published_at and the receipt, dead
+// rows last_error. Rows another relay already marked are left alone. It
+// retries database errors with backoff until ctx ends.
+func (s *session) record(ctx context.Context, outs []outcome) error {
+	if len(outs) == 0 {
+		return nil
+	}
+	var sentIDs, receipts, deadIDs, deadErrs []string
+	for _, o := range outs {
+		if o.dead != "" {
+			deadIDs, deadErrs = append(deadIDs, o.id.String()), append(deadErrs, o.dead)
+		} else {
+			sentIDs, receipts = append(sentIDs, o.id.String()), append(receipts, o.receipt)
+		}
+	}
+	q := fmt.Sprintf(`WITH sent AS (
+    UPDATE %[1]s o SET status = 'sent', published_at = now(), broker_receipt = r.receipt, attempts = o.attempts + 1
+    FROM unnest($1::uuid[], $2::text[]) AS r(event_id, receipt)
+    WHERE o.event_id = r.event_id AND o.status = 'pending'
+    RETURNING 1
+), dead AS (
+    UPDATE %[1]s o SET status = 'dead', last_error = r.err, attempts = o.attempts + 1
+    FROM unnest($3::uuid[], $4::text[]) AS r(event_id, err)
+    WHERE o.event_id = r.event_id AND o.status = 'pending'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM sent), (SELECT count(*) FROM dead)`, s.tgt.qualified)
+	b := backoff{min: s.r.cfg.backoffMin, max: s.r.cfg.backoffMax}
+	for {
+		var a, d int64
+		err := s.pool.QueryRow(ctx, q, sentIDs, receipts, deadIDs, deadErrs).Scan(&a, &d)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		wait := b.next()
+		s.r.log.Warn("cdc: recording publication failed, retrying (the slot does not advance meanwhile)", "err", err, "retry_in", wait)
+		if !sleep(ctx, wait) {
+			return ctx.Err()
+		}
+	}
+}
+
+// runCatchUp re-publishes pending rows from the table after the slot was
+// created or recreated, in id order (per aggregate that is sequence order:
+// the producer's row lock serialises an aggregate's inserts), records them,
+// and only then clears the durable marker.
+func (s *session) runCatchUp(ctx context.Context) error {
+	s.r.log.Info("cdc: catching up pending rows from the outbox table")
+	cols := `id, event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
+		topic, shard, content_type, payload, occurred_at, traceparent, correlation_id, causation_id, principal, action, target`
+	q := fmt.Sprintf(`SELECT %s FROM %s WHERE status = 'pending' AND id > $1 AND ($3::bigint IS NULL OR id <= $3)
+		ORDER BY id LIMIT $2`, cols, s.tgt.qualified)
+	var last, total int64
+	for {
+		rows, err := s.pool.Query(ctx, q, last, s.r.cfg.maxBatch, s.catchUpTo)
+		if err != nil {
+			return fmt.Errorf("cdc: catch-up read: %w", err)
+		}
+		var events []ferry.Event
+		for rows.Next() {
+			var e ferry.Event
+			var sv, shard int32
+			if err := rows.Scan(&last, &e.ID, &e.TenantID, &e.AggregateType, &e.AggregateID, &e.AggregateSeq, &e.EventType, &sv,
+				&e.Topic, &shard, &e.ContentType, &e.Payload, &e.OccurredAt, &e.Headers.Traceparent, &e.Headers.CorrelationID,
+				&e.Headers.CausationID, &e.Headers.Principal, &e.Headers.Action, &e.Headers.Target); err != nil {
+				rows.Close()
+				return fmt.Errorf("cdc: catch-up scan: %w", err)
+			}
+			e.SchemaVersion, e.Shard = int(sv), int(shard)
+			e.OccurredAt = e.OccurredAt.UTC()
+			events = append(events, e)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("cdc: catch-up read: %w", err)
+		}
+		if len(events) == 0 {
+			break
+		}
+		outs, err := s.publishAll(ctx, events)
+		if err != nil {
+			return err
+		}
+		if err := s.record(ctx, outs); err != nil {
+			return err
+		}
+		total += int64(len(events))
+		s.r.m.catchUp.Add(float64(len(events)))
+	}
+	if _, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET catchup_needed = false WHERE slot_name = $1`, s.tgt.slotTable), s.r.cfg.slot); err != nil {
+		return fmt.Errorf("cdc: clear catch-up marker: %w", err)
+	}
+	s.r.setCatchingUp(false)
+	s.r.log.Info("cdc: catch-up done", "events", total)
+	return nil
+}
+
+// snapshotMaxID returns the highest outbox id visible in the exported
+// snapshot (0 when the table is empty).
+func snapshotMaxID(ctx context.Context, pool *pgxpool.Pool, tgt target, snapshot string) (int64, error) {
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return 0, fmt.Errorf("cdc: snapshot tx: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	// The snapshot name comes from the server (hex and dashes), never from input.
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET TRANSACTION SNAPSHOT '%s'`, strings.ReplaceAll(snapshot, "'", ""))); err != nil {
+		return 0, fmt.Errorf("cdc: import slot snapshot: %w", err)
+	}
+	var upto int64
+	if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(max(id), 0) FROM %s`, tgt.qualified)).Scan(&upto); err != nil {
+		return 0, fmt.Errorf("cdc: max id in slot snapshot: %w", err)
+	}
+	return upto, tx.Commit(ctx)
+}
+
+func (r *Relay) setCatchingUp(v bool) {
+	r.mu.Lock()
+	r.st.CatchingUp = v
+	r.mu.Unlock()
+}
