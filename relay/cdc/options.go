@@ -81,7 +81,7 @@ func WithStandbyTimeout(d time.Duration) Option { return func(c *config) { c.sta
 func WithAcquireInterval(d time.Duration) Option { return func(c *config) { c.acquire = d } }
 
 // WithHeartbeat makes the relay emit pg_logical_emit_message(false,
-// 'ferry.heartbeat', '') every d (default 0: off). The message is not part of
+// 'ferry.heartbeat', ”) every d (default 0: off). The message is not part of
 // any table, pgoutput is started with messages=false, so it never reaches
 // the broker; it only makes WAL move so keepalives carry a fresh position on
 // an otherwise idle database. Keepalive-based advancing works without it on

@@ -60,14 +60,14 @@ type flushItem struct {
 // session is one hold of the slot: a replication connection plus the
 // shipper and flusher goroutines behind it.
 type session struct {
-	r        *Relay
-	pool     *pgxpool.Pool
-	tgt      target
-	conn     *pgconn.PgConn
-	catchUp  bool
+	r       *Relay
+	pool    *pgxpool.Pool
+	tgt     target
+	conn    *pgconn.PgConn
+	catchUp bool
 	// catchUpTo bounds the catch-up to ids <= it (nil: unbounded).
 	catchUpTo *int64
-	inflight atomic.Int64 // transactions handed off and not yet confirmed
+	inflight  atomic.Int64 // transactions handed off and not yet confirmed
 	// confirmed is the highest LSN safe to report as flushed.
 	confirmed atomic.Uint64
 	txCh      chan *txn
