@@ -1,0 +1,357 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/driver"
+)
+
+// txTally counts what a transaction did beyond its own messages (gap
+// successors applied from the parking lot); it is added to the metrics only
+// after the commit.
+type txTally struct {
+	successorsApplied, successorsResolved int
+}
+
+// process runs msgs through the inbox in one transaction — a savepoint per
+// message when there is more than one — commits, and only then acks.
+// Messages that must be retried are nacked with backoff. It returns a
+// *FaultError when a fault hook simulated a crash (nothing was acked).
+func (ib *Inbox[TTx]) process(ctx context.Context, msgs []*message) error {
+	tally, err := ib.applyTx(ctx, msgs)
+	var fe *FaultError
+	if errors.As(err, &fe) {
+		return err
+	}
+	if err != nil {
+		for _, m := range msgs {
+			if m.outcome != OutcomeRetry {
+				m.outcome, m.errText, m.delay = OutcomeRetry, err.Error(), ib.retryDelay(m, false)
+			}
+		}
+		ib.log.WarnContext(ctx, "inbox transaction failed; messages will be redelivered", "messages", len(msgs), "error", sanitize(err.Error(), maxErrorBytes))
+	}
+	if err == nil {
+		ib.count(msgs, tally)
+	}
+	// A message whose effect had to be undone is finished alone: parked
+	// (unauthorized, poison) in a transaction of its own, or retried.
+	for _, m := range msgs {
+		if m.outcome == OutcomeRetry {
+			ib.stats.retries.Add(1)
+			ib.m.retries.Inc()
+		}
+	}
+	if ib.cfg.faults.AfterCommitBeforeAck != nil && err == nil {
+		for _, m := range msgs {
+			if ferr := ib.cfg.faults.AfterCommitBeforeAck(m.ev); ferr != nil {
+				return &FaultError{Point: "after_commit_before_ack", Err: ferr}
+			}
+		}
+	}
+	for _, m := range msgs {
+		ib.settle(ctx, m)
+	}
+	return nil
+}
+
+// settle acks or nacks a live message according to its outcome.
+func (ib *Inbox[TTx]) settle(ctx context.Context, m *message) {
+	if m.d == nil {
+		return
+	}
+	if m.outcome == OutcomeRetry {
+		if m.d.Nack != nil {
+			if err := m.d.Nack(ctx, m.delay); err != nil {
+				ib.log.WarnContext(ctx, "nack failed; the broker will redeliver after its ack wait", "event_id", m.ev.ID, "error", err)
+			}
+		}
+		return
+	}
+	if m.invalid == nil {
+		ib.attempts.forget(m.key())
+	}
+	if m.d.Ack != nil {
+		if err := m.d.Ack(ctx); err != nil {
+			ib.m.ackErrors.Inc()
+			ib.log.WarnContext(ctx, "ack failed after commit; the redelivery will be absorbed as a duplicate", "event_id", m.ev.ID, "error", err)
+		}
+	}
+}
+
+func (ib *Inbox[TTx]) count(msgs []*message, t txTally) {
+	for _, m := range msgs {
+		switch m.outcome {
+		case OutcomeApplied:
+			ib.stats.applied.Add(1)
+			ib.m.applied.Inc()
+		case OutcomeDuplicate:
+			ib.stats.duplicates.Add(1)
+			ib.m.duplicates.Inc()
+		case OutcomeStale:
+			ib.stats.stale.Add(1)
+			ib.m.stale.Inc()
+		case OutcomeParked:
+			if i := reasonIndex(m.reason); i >= 0 {
+				ib.stats.parked[i].Add(1)
+			}
+			ib.m.parked.WithLabelValues(string(m.reason)).Inc()
+			if m.reason == ReasonCollision {
+				ib.stats.collisions.Add(1)
+				ib.m.collisions.Inc()
+			}
+		}
+	}
+	ib.stats.applied.Add(int64(t.successorsApplied))
+	ib.m.applied.Add(float64(t.successorsApplied))
+}
+
+// applyTx is the transaction of process. On an error return nothing was
+// committed.
+func (ib *Inbox[TTx]) applyTx(ctx context.Context, msgs []*message) (txTally, error) {
+	var tally txTally
+	txv, tx, err := ib.drv.BeginTx(ctx)
+	if err != nil {
+		return tally, fmt.Errorf("inbox: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	useSP := len(msgs) > 1
+	for i, m := range msgs {
+		if m.invalid != nil {
+			if err := ib.parkLive(ctx, tx, m, ReasonUndecodable, m.invalid.Error(), nil); err != nil {
+				return tally, err
+			}
+			continue
+		}
+		if useSP {
+			if err := savepoint(ctx, tx, "ferry_inbox_msg", i > 0); err != nil {
+				return tally, err
+			}
+		}
+		res, err := ib.step(ctx, txv, tx, m, false, ib.cfg.nonAtomicTest)
+		if err != nil {
+			if !useSP {
+				m.outcome, m.errText, m.delay = OutcomeRetry, err.Error(), ib.retryDelay(m, errors.Is(err, errConcurrent))
+				return tally, err
+			}
+			if rbErr := rollbackTo(ctx, tx, "ferry_inbox_msg"); rbErr != nil {
+				return tally, errors.Join(err, rbErr)
+			}
+			m.outcome, m.errText, m.delay = OutcomeRetry, err.Error(), ib.retryDelay(m, errors.Is(err, errConcurrent))
+			continue
+		}
+		if res.kind.needsUndo() {
+			if !useSP {
+				// Undo by rolling back the whole (one-message) transaction,
+				// then finish the message in a transaction of its own.
+				_ = tx.Rollback(ctx)
+				return tally, ib.finishUndone(ctx, m, res)
+			}
+			if err := rollbackTo(ctx, tx, "ferry_inbox_msg"); err != nil {
+				return tally, err
+			}
+			if err := ib.finishFailure(ctx, tx, m, res); err != nil {
+				return tally, err
+			}
+			continue
+		}
+		if err := ib.finishStep(ctx, txv, tx, m, res, &tally); err != nil {
+			return tally, err
+		}
+	}
+	if ib.cfg.faults.BeforeCommit != nil {
+		for _, m := range msgs {
+			if ferr := ib.cfg.faults.BeforeCommit(m.ev); ferr != nil {
+				return tally, &FaultError{Point: "before_commit", Err: ferr}
+			}
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return tally, fmt.Errorf("inbox: commit: %w", err)
+	}
+	if ib.cfg.nonAtomicTest {
+		// Negative control only: the claim committed above; the effect
+		// now runs in a second transaction, which a crash can lose.
+		return tally, ib.nonAtomicEffects(ctx, msgs)
+	}
+	return tally, nil
+}
+
+// finishStep records the outcome of a step that needs no undo, parking in
+// the same transaction where the outcome says so.
+func (ib *Inbox[TTx]) finishStep(ctx context.Context, txv TTx, tx driver.Tx, m *message, res stepResult, tally *txTally) error {
+	switch res.kind {
+	case stepApplied:
+		m.outcome = OutcomeApplied
+		if res.hasSuccessor {
+			if err := ib.applySuccessors(ctx, txv, tx, m.ev, tally); err != nil {
+				return err
+			}
+		}
+	case stepDuplicate:
+		m.outcome = OutcomeDuplicate
+	case stepStale:
+		m.outcome = OutcomeStale
+	case stepGap:
+		return ib.parkLive(ctx, tx, m, ReasonGap, res.err.Error(), nil)
+	case stepCollision:
+		ib.log.ErrorContext(ctx, "event id collision: same tenant and event id, different content; parked, original effect untouched",
+			"tenant_id", m.ev.TenantID, "event_id", m.ev.ID, "aggregate_type", m.ev.AggregateType, "aggregate_id", m.ev.AggregateID)
+		return ib.parkLive(ctx, tx, m, ReasonCollision, "fingerprint differs from the applied event with this tenant and event id", res.prevFP)
+	case stepSchema:
+		return ib.parkLive(ctx, tx, m, ReasonSchema, res.err.Error(), nil)
+	default:
+		return fmt.Errorf("inbox: unexpected step result %d", res.kind)
+	}
+	return nil
+}
+
+// finishFailure decides what an undone message becomes (the caller already
+// rolled its effect back): unauthorized → parked; handler error → parked
+// as poison when permanent or out of attempts, else retried.
+func (ib *Inbox[TTx]) finishFailure(ctx context.Context, exec driver.Executor, m *message, res stepResult) error {
+	if res.kind == stepUnauthorized {
+		ib.log.WarnContext(ctx, "authorization denied; parked", "event_id", m.ev.ID, "tenant_id", m.ev.TenantID,
+			"principal", sanitize(m.ev.Headers.Principal, 128), "action", sanitize(m.ev.Headers.Action, 128))
+		return ib.parkLive(ctx, exec, m, ReasonUnauthorized, res.err.Error(), nil)
+	}
+	attempt := ib.attempts.inc(m.key())
+	if m.d != nil {
+		attempt = max(attempt, m.d.Attempt)
+	}
+	m.attempt = attempt
+	if errors.Is(res.err, ErrPermanent) || attempt >= ib.cfg.maxAttempts {
+		ib.log.WarnContext(ctx, "handler failed; parked as poison", "event_id", m.ev.ID, "attempts", attempt,
+			"permanent", errors.Is(res.err, ErrPermanent), "error", sanitize(res.err.Error(), maxErrorBytes))
+		return ib.parkLive(ctx, exec, m, ReasonPoison, res.err.Error(), nil)
+	}
+	m.outcome, m.errText, m.delay = OutcomeRetry, res.err.Error(), ib.retryDelay(m, false)
+	ib.log.InfoContext(ctx, "handler failed; will be redelivered", "event_id", m.ev.ID, "attempt", attempt, "delay", m.delay,
+		"error", sanitize(res.err.Error(), maxErrorBytes))
+	return nil
+}
+
+// finishUndone finishes a one-message transaction that was rolled back to
+// undo the claim: park in a new transaction, or leave for retry.
+func (ib *Inbox[TTx]) finishUndone(ctx context.Context, m *message, res stepResult) error {
+	tx, err := ib.drv.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := ib.finishFailure(ctx, tx, m, res); err != nil {
+		return err
+	}
+	if m.outcome == OutcomeRetry {
+		return nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("inbox: commit park: %w", err)
+	}
+	return nil
+}
+
+func (ib *Inbox[TTx]) parkLive(ctx context.Context, exec driver.Executor, m *message, reason Reason, errText string, otherFP []byte) error {
+	if _, err := ib.park(ctx, exec, m, reason, errText, otherFP); err != nil {
+		return err
+	}
+	m.outcome, m.reason, m.errText = OutcomeParked, reason, errText
+	return nil
+}
+
+// applySuccessors applies the parked gap successors of after's aggregate
+// that have become next in line, in order, each under a savepoint so a
+// failing successor stays parked without undoing after.
+func (ib *Inbox[TTx]) applySuccessors(ctx context.Context, txv TTx, tx driver.Tx, after ferry.Event, tally *txTally) error {
+	seq := after.AggregateSeq
+	for range maxSuccessorsPerTx {
+		p, found, err := ib.loadParked(ctx, tx, ib.q.nextGap, ib.name, after.TenantID, after.AggregateType, after.AggregateID)
+		if err != nil || !found || p.Event.AggregateSeq > seq+1 {
+			return err
+		}
+		done, next, err := ib.replayParked(ctx, txv, tx, p, false, tally)
+		if err != nil || !done {
+			return err
+		}
+		seq = max(seq, next)
+	}
+	return nil
+}
+
+// maxSuccessorsPerTx bounds how many parked successors one transaction
+// applies; the heal sweep continues where it stopped.
+const maxSuccessorsPerTx = 1000
+
+func savepoint(ctx context.Context, tx driver.Tx, name string, release bool) error {
+	var err error
+	switch {
+	case release && tx.Dialect() == driver.Postgres:
+		// One round trip: pgx sends argument-less statements by the
+		// simple protocol, which takes several.
+		_, err = tx.Exec(ctx, "RELEASE SAVEPOINT "+name+"; SAVEPOINT "+name)
+	case release:
+		if _, err = tx.Exec(ctx, "RELEASE SAVEPOINT "+name); err == nil {
+			_, err = tx.Exec(ctx, "SAVEPOINT "+name)
+		}
+	default:
+		_, err = tx.Exec(ctx, "SAVEPOINT "+name)
+	}
+	if err != nil {
+		return fmt.Errorf("inbox: savepoint: %w", err)
+	}
+	return nil
+}
+
+func rollbackTo(ctx context.Context, tx driver.Tx, name string) error {
+	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+name); err != nil {
+		return fmt.Errorf("inbox: rollback to savepoint: %w", err)
+	}
+	return nil
+}
+
+// retryDelay is the nack delay: base × 2^(attempt-1), full jitter, capped.
+// A lost race with another instance retries almost at once.
+func (ib *Inbox[TTx]) retryDelay(m *message, race bool) time.Duration {
+	if race {
+		return time.Duration(rand.Int64N(int64(20 * time.Millisecond)))
+	}
+	a := max(m.attempt, 1)
+	d := ib.cfg.backoffBase
+	for i := 1; i < a && d < ib.cfg.backoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, ib.cfg.backoffMax)
+	return time.Duration(rand.Int64N(int64(d) + 1))
+}
+
+// nonAtomicEffects is the negative control's second transaction.
+func (ib *Inbox[TTx]) nonAtomicEffects(ctx context.Context, msgs []*message) error {
+	txv, tx, err := ib.drv.BeginTx(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, m := range msgs {
+		if m.outcome != OutcomeApplied {
+			continue
+		}
+		if err := ib.handler(ctx, txv, m.ev); err != nil {
+			return err
+		}
+	}
+	if ib.cfg.faults.AfterCommitBeforeAck != nil {
+		// In the control, the "claim committed, effect not yet" window is
+		// where the crash lands.
+		for _, m := range msgs {
+			if ferr := ib.cfg.faults.AfterCommitBeforeAck(m.ev); ferr != nil {
+				return &FaultError{Point: "after_commit_before_ack", Err: ferr}
+			}
+		}
+	}
+	return tx.Commit(ctx)
+}

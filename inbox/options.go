@@ -1,0 +1,255 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry"
+)
+
+// Handler applies one event's effect inside tx, the consumer's transaction.
+// The inbox claim and cursor advance are written in the same transaction,
+// so the effect happens once or not at all. Returning an error rolls back
+// everything (effect, claim, cursor) and the message is redelivered with
+// backoff; wrap the error with [Permanent] when a retry cannot help, and
+// the message is parked as poison instead.
+//
+// A handler must not commit or roll back tx, and should keep external side
+// effects (HTTP, email) out of it: those belong in an effect ledger.
+type Handler[TTx any] func(ctx context.Context, tx TTx, ev ferry.Event) error
+
+// Authorizer decides whether ev may take effect, before the handler runs,
+// in the same transaction (so it can read current state, e.g. "is the
+// principal still a member of the tenant?"). Possession of a message
+// grants nothing: the provenance is in ev.TenantID and ev.Headers
+// (Principal, Action, Target). A non-nil error parks the message as
+// unauthorized with the error text as the reason; it is not retried until
+// an operator replays it.
+type Authorizer[TTx any] func(ctx context.Context, tx TTx, ev ferry.Event) error
+
+// SchemaKey names one event contract a consumer supports.
+type SchemaKey struct {
+	EventType     string
+	SchemaVersion int
+}
+
+// StartPolicy says what the cursor expects for an aggregate it has never seen.
+type StartPolicy int
+
+const (
+	// StartStrict expects sequence 1: a first event with a higher sequence
+	// is a gap and is parked until its predecessors arrive or an operator
+	// releases the gap. The default: nothing is silently skipped.
+	StartStrict StartPolicy = iota
+	// StartAtFirstSeen accepts whatever sequence comes first for an
+	// aggregate and orders from there. Use it for a consumer started after
+	// the producer had been running, whose broker retention no longer holds
+	// the early events.
+	StartAtFirstSeen
+)
+
+// Faults are crash points for proofs and tests (`ferry prove` uses them).
+// A hook returning an error makes the runtime stop at that point without
+// acking, as a crash would; Run returns a *[FaultError]. Nil hooks cost
+// nothing.
+type Faults struct {
+	// BeforeCommit runs after the handler, before the commit: the
+	// transaction is rolled back.
+	BeforeCommit func(ev ferry.Event) error
+	// AfterCommitBeforeAck runs after the commit, before the broker ack:
+	// the effect is durable but the broker will redeliver.
+	AfterCommitBeforeAck func(ev ferry.Event) error
+}
+
+type config[TTx any] struct {
+	tables        ferry.Tables
+	schemas       map[SchemaKey]bool
+	authorize     Authorizer[TTx]
+	ordering      bool
+	start         StartPolicy
+	workers       int
+	queue         int
+	batch         int
+	batchLinger   time.Duration
+	maxAttempts   int
+	backoffBase   time.Duration
+	backoffMax    time.Duration
+	gapAlert      time.Duration
+	healInterval  time.Duration
+	drainTimeout  time.Duration
+	maxRawBytes   int
+	logger        *slog.Logger
+	registerer    prometheus.Registerer
+	faults        Faults
+	now           func() time.Time
+	nonAtomicTest bool // negative control: claim and effect in separate transactions
+}
+
+// Option configures an Inbox.
+type Option[TTx any] func(*config[TTx])
+
+// WithTables sets the schema and table prefix (default: search_path, "ferry_").
+func WithTables[TTx any](t ferry.Tables) Option[TTx] {
+	return func(c *config[TTx]) { c.tables = t }
+}
+
+// WithSchemas declares the (event type, schema version) pairs the handler
+// supports. Anything else is parked with reason schema — replayable after
+// an upgrade, never dropped. Default: every event is accepted.
+func WithSchemas[TTx any](keys ...SchemaKey) Option[TTx] {
+	return func(c *config[TTx]) {
+		if c.schemas == nil {
+			c.schemas = map[SchemaKey]bool{}
+		}
+		for _, k := range keys {
+			c.schemas[k] = true
+		}
+	}
+}
+
+// WithAuthorizer installs the authorization hook run before every effect.
+func WithAuthorizer[TTx any](a Authorizer[TTx]) Option[TTx] {
+	return func(c *config[TTx]) { c.authorize = a }
+}
+
+// WithoutOrdering turns off the per-aggregate cursor: events are applied as
+// they come and only deduplicated. For consumers whose effects commute
+// (counters, projections keyed by event id).
+func WithoutOrdering[TTx any]() Option[TTx] {
+	return func(c *config[TTx]) { c.ordering = false }
+}
+
+// WithStartPolicy sets what the cursor expects for an unseen aggregate
+// (default StartStrict).
+func WithStartPolicy[TTx any](p StartPolicy) Option[TTx] {
+	return func(c *config[TTx]) { c.start = p }
+}
+
+// WithWorkers sets how many aggregates are applied in parallel (default 8).
+// Each aggregate hashes to one worker, so its events stay serial. More
+// workers than database connections only adds waiting.
+func WithWorkers[TTx any](n int) Option[TTx] {
+	return func(c *config[TTx]) { c.workers = n }
+}
+
+// WithQueue sets how many messages may wait per worker (default 64): the
+// in-flight bound is workers × (queue + batch). When full, the consumer
+// stops pulling (back-pressure) instead of buffering without limit.
+func WithQueue[TTx any](n int) Option[TTx] {
+	return func(c *config[TTx]) { c.queue = n }
+}
+
+// WithBatch applies up to n queued messages of one worker in one
+// transaction, with a savepoint per message so one failing message never
+// rolls back its neighbours; all are acked after the commit. linger is how
+// long a worker waits for more messages before committing a short batch
+// (0: take what is queued). Default n = 1 (a transaction per message).
+// Batching trades latency and a larger redelivery set on crash for
+// throughput; it changes nothing about what is applied.
+func WithBatch[TTx any](n int, linger time.Duration) Option[TTx] {
+	return func(c *config[TTx]) { c.batch, c.batchLinger = n, linger }
+}
+
+// WithMaxAttempts parks a message as poison once it has failed n times
+// (default 5). The broker's delivery count is used when it reports one.
+func WithMaxAttempts[TTx any](n int) Option[TTx] {
+	return func(c *config[TTx]) { c.maxAttempts = n }
+}
+
+// WithBackoff sets the redelivery delay after a handler error: base × 2^(attempt-1)
+// with full jitter, capped at max (default 200ms, 30s).
+func WithBackoff[TTx any](base, max time.Duration) Option[TTx] {
+	return func(c *config[TTx]) { c.backoffBase, c.backoffMax = base, max }
+}
+
+// WithGapAlert sets the age after which an open gap counts as overdue in
+// ferry_inbox_gaps_overdue (default 5m). A gap that old usually means a
+// lost or dead-lettered event upstream: release it or find the event.
+func WithGapAlert[TTx any](d time.Duration) Option[TTx] {
+	return func(c *config[TTx]) { c.gapAlert = d }
+}
+
+// WithHealInterval sets how often Run looks for parked gap successors whose
+// predecessor has been applied (default 5s; 0 turns the sweep off). The
+// live path applies successors at once; the sweep covers the race where
+// another instance parked a successor while this one filled the gap.
+func WithHealInterval[TTx any](d time.Duration) Option[TTx] {
+	return func(c *config[TTx]) { c.healInterval = d }
+}
+
+// WithDrainTimeout bounds how long Run lets in-flight transactions finish
+// after its context is cancelled (default 10s); after that they are rolled
+// back and their messages left for redelivery.
+func WithDrainTimeout[TTx any](d time.Duration) Option[TTx] {
+	return func(c *config[TTx]) { c.drainTimeout = d }
+}
+
+// WithMaxRawBytes bounds the raw body and headers kept for an undecodable
+// message (default 64 KiB each); the rest is cut and the cut noted.
+func WithMaxRawBytes[TTx any](n int) Option[TTx] {
+	return func(c *config[TTx]) { c.maxRawBytes = n }
+}
+
+// WithLogger sets the logger (default slog.Default()). Logs carry ids,
+// never payloads.
+func WithLogger[TTx any](l *slog.Logger) Option[TTx] {
+	return func(c *config[TTx]) { c.logger = l }
+}
+
+// WithRegisterer registers the ferry_inbox_* metrics on r (default: none).
+func WithRegisterer[TTx any](r prometheus.Registerer) Option[TTx] {
+	return func(c *config[TTx]) { c.registerer = r }
+}
+
+// WithFaults installs crash-point hooks (proofs and tests only).
+func WithFaults[TTx any](f Faults) Option[TTx] {
+	return func(c *config[TTx]) { c.faults = f }
+}
+
+// WithClock overrides time.Now (tests).
+func WithClock[TTx any](now func() time.Time) Option[TTx] {
+	return func(c *config[TTx]) { c.now = now }
+}
+
+func (c *config[TTx]) check() error {
+	bad := func(field, format string, args ...any) error {
+		return &ferry.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if err := c.tables.Check(); err != nil {
+		return err
+	}
+	switch {
+	case c.workers < 1 || c.workers > 1024:
+		return bad("inbox.workers", "must be in 1..1024, got %d", c.workers)
+	case c.queue < 1 || c.queue > 1<<16:
+		return bad("inbox.queue", "must be in 1..65536, got %d", c.queue)
+	case c.batch < 1 || c.batch > 10000:
+		return bad("inbox.batch", "must be in 1..10000, got %d", c.batch)
+	case c.batchLinger < 0 || c.batchLinger > time.Minute:
+		return bad("inbox.batch_linger", "must be in 0..1m, got %s", c.batchLinger)
+	case c.maxAttempts < 1:
+		return bad("inbox.max_attempts", "must be >= 1, got %d", c.maxAttempts)
+	case c.backoffBase <= 0 || c.backoffMax < c.backoffBase:
+		return bad("inbox.backoff", "need 0 < base <= max, got %s, %s", c.backoffBase, c.backoffMax)
+	case c.gapAlert <= 0:
+		return bad("inbox.gap_alert", "must be > 0, got %s", c.gapAlert)
+	case c.healInterval < 0:
+		return bad("inbox.heal_interval", "must be >= 0, got %s", c.healInterval)
+	case c.drainTimeout < 0:
+		return bad("inbox.drain_timeout", "must be >= 0, got %s", c.drainTimeout)
+	case c.maxRawBytes < 0 || c.maxRawBytes > 16<<20:
+		return bad("inbox.max_raw_bytes", "must be in 0..16MiB, got %d", c.maxRawBytes)
+	case c.start != StartStrict && c.start != StartAtFirstSeen:
+		return bad("inbox.start_policy", "unknown policy %d", c.start)
+	}
+	for k := range c.schemas {
+		if k.EventType == "" || k.SchemaVersion < 1 {
+			return bad("inbox.schemas", "need a non-empty event type and version >= 1, got %q v%d", k.EventType, k.SchemaVersion)
+		}
+	}
+	return nil
+}
