@@ -1,0 +1,421 @@
+package prove
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/ferryhq/ferry/driver"
+)
+
+// Figures are one scenario's measurements, every one computed from ground
+// truth: the business and outbox tables (what committed), the broker's
+// stream (what was published, and when), the consumer's applied log and
+// parked table (what took effect), the fake provider's own books (what
+// money moved), and prove's counting wrappers around the real broker
+// client (how many calls were made).
+type Figures struct {
+	// Planned is the number of events the workload tried to write.
+	Planned int `json:"planned"`
+	// Committed events: rows in the business table (their transaction committed).
+	Committed int `json:"committed"`
+	// RolledBack events: planned in a transaction that rolled back.
+	RolledBack int `json:"rolled_back"`
+	// Published is the number of distinct event ids in the broker's stream;
+	// StreamMessages counts stored copies (duplicates the broker kept).
+	Published      int `json:"published"`
+	StreamMessages int `json:"stream_messages"`
+
+	// Lost: committed, meant to be applied, never applied nor parked.
+	Lost int `json:"lost"`
+	// Phantom: in the stream or applied, but its transaction rolled back
+	// (or never happened).
+	Phantom int `json:"phantom"`
+	// DuplicatePublishes: publish calls beyond the first per event
+	// (absorbed by broker dedup or by the inbox).
+	DuplicatePublishes int `json:"duplicate_publishes"`
+	// DuplicateDeliveries: deliveries to the consumer beyond the first per
+	// event (absorbed by the inbox).
+	DuplicateDeliveries int `json:"duplicate_deliveries"`
+	// DuplicateApplies: applied-log rows beyond the first per event.
+	DuplicateApplies int `json:"duplicate_applies"`
+	// DuplicateEffects: provider charges beyond one per paid event. Must be 0.
+	DuplicateEffects int `json:"duplicate_effects"`
+	// OrderViolations: an aggregate's events applied out of sequence order.
+	OrderViolations int `json:"order_violations"`
+	// SequenceErrors: an aggregate's committed sequence numbers are not 1..n.
+	SequenceErrors int `json:"sequence_errors"`
+	// GapsFound: events parked because an earlier one of their aggregate
+	// had not been applied; GapsHealed: of those, applied once it had.
+	GapsFound  int `json:"gaps_found"`
+	GapsHealed int `json:"gaps_healed"`
+
+	// Relay lag: occurred_at (outbox) to the broker's stored timestamp of
+	// the first copy. Timing-dependent.
+	LagP50 time.Duration `json:"lag_p50_ns"`
+	LagP99 time.Duration `json:"lag_p99_ns"`
+	LagMax time.Duration `json:"lag_max_ns"`
+
+	// DeadLetters: outbox rows marked dead plus messages parked as poison.
+	DeadLetters int `json:"dead_letters"`
+	// Parked: messages held unhealed (by reason in ParkedByReason);
+	// ParkedMaxAge is the oldest one's age at the end of the run.
+	Parked         int            `json:"parked"`
+	ParkedByReason map[string]int `json:"parked_by_reason,omitempty"`
+	ParkedMaxAge   time.Duration  `json:"parked_max_age_ns"`
+	// Reconciliations: status queries the provider answered (unknown
+	// outcomes resolved without a blind retry).
+	Reconciliations int `json:"reconciliations"`
+
+	// Amplification: broker publish calls and provider charge calls, in
+	// total and per committed event / per paid event.
+	BrokerCalls            int     `json:"broker_calls"`
+	BrokerCallsPerEvent    float64 `json:"broker_calls_per_event"`
+	ProviderCalls          int     `json:"provider_calls"`
+	ProviderCallsPerEffect float64 `json:"provider_calls_per_effect"`
+
+	// FaultsInjected: planned faults that fired.
+	FaultsInjected int `json:"faults_injected"`
+	// FencedWrites: relay marks rejected by the lease fence.
+	FencedWrites int `json:"fenced_writes"`
+	// Leaks: canary strings found in logs, errors or metric labels.
+	Leaks int `json:"leaks"`
+
+	// Classes counts events per Jepsen-style class: ok, recovered (ok
+	// after a fault touched it), duplicated, lost, unknown (held, not
+	// applied, for no planned reason) and unexpected (applied though it
+	// must not be: rolled back, unauthorised, wrong schema, poison).
+	Classes map[string]int `json:"classes"`
+}
+
+// Deterministic returns the figures a fixed seed must reproduce exactly.
+// Timing-dependent ones (lag, duplicate publishes and deliveries, calls,
+// reconciliations, ages, the ok/recovered split) are left out.
+func (f Figures) Deterministic() map[string]int {
+	return map[string]int{
+		"planned": f.Planned, "committed": f.Committed, "rolled_back": f.RolledBack,
+		"lost": f.Lost, "phantom": f.Phantom, "duplicate_effects": f.DuplicateEffects,
+		"order_violations": f.OrderViolations, "sequence_errors": f.SequenceErrors,
+		"faults_injected": f.FaultsInjected, "parked": f.Parked, "dead_letters": f.DeadLetters,
+		"duplicate_applies": f.DuplicateApplies,
+	}
+}
+
+type appliedRow struct {
+	id                 int64
+	eventID            string
+	tenant, typ, aggID string
+	seq                int64
+}
+
+type parkedRow struct {
+	eventID, reason string
+	healed          bool
+	firstSeen       int64
+}
+
+// truth is everything the checker reads.
+type truth struct {
+	business map[string]bool
+	outbox   map[string]outboxTruth
+	applied  []appliedRow
+	parked   []parkedRow
+	deadRows int
+	stream   []streamMsg
+}
+
+type outboxTruth struct {
+	tenant, typ, agg string
+	seq              int64
+	occurred         time.Time
+}
+
+func collect(ctx context.Context, e *env) (*truth, error) {
+	ex := e.db.drv.Executor()
+	t := &truth{business: map[string]bool{}, outbox: map[string]outboxTruth{}}
+	if err := scanRows(ctx, ex, `SELECT event_id FROM prove_business`, func(s func(...any) error) error {
+		var id string
+		if err := s(&id); err != nil {
+			return err
+		}
+		t.business[id] = true
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := scanRows(ctx, ex, `SELECT event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, occurred_at, status FROM ferry_outbox`, func(s func(...any) error) error {
+		var id, status string
+		var o outboxTruth
+		if err := s(&id, &o.tenant, &o.typ, &o.agg, &o.seq, &o.occurred, &status); err != nil {
+			return err
+		}
+		t.outbox[id] = o
+		if status == "dead" {
+			t.deadRows++
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := scanRows(ctx, ex, `SELECT id, event_id, tenant_id, aggregate_type, aggregate_id, seq FROM prove_applied ORDER BY id`, func(s func(...any) error) error {
+		var a appliedRow
+		if err := s(&a.id, &a.eventID, &a.tenant, &a.typ, &a.aggID, &a.seq); err != nil {
+			return err
+		}
+		t.applied = append(t.applied, a)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := scanRows(ctx, ex, `SELECT event_id, reason, healed_at, first_seen FROM prove_parked`, func(s func(...any) error) error {
+		var p parkedRow
+		var healed int64
+		if err := s(&p.eventID, &p.reason, &healed, &p.firstSeen); err != nil {
+			return err
+		}
+		p.healed = healed != 0
+		t.parked = append(t.parked, p)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	var err error
+	if t.stream, err = e.stream.readAll(ctx); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func scanRows(ctx context.Context, ex driver.Executor, q string, each func(func(...any) error) error) error {
+	rows, err := ex.Query(ctx, q)
+	if err != nil {
+		return fmt.Errorf("prove: checker: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows.Scan); err != nil {
+			return fmt.Errorf("prove: checker: %w", err)
+		}
+	}
+	return rows.Err()
+}
+
+// check computes the figures and the list of violations.
+func check(e *env, t *truth) (Figures, []string) {
+	var f Figures
+	var v []string
+	viol := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
+	f.Classes = map[string]int{}
+	f.Planned = len(e.plan.events)
+	f.Committed = len(t.business)
+
+	applied := map[string]int{}
+	for _, a := range t.applied {
+		applied[a.eventID]++
+	}
+	parked := map[string]parkedRow{}
+	f.ParkedByReason = map[string]int{}
+	var oldest int64
+	for _, p := range t.parked {
+		parked[p.eventID] = p
+		if p.reason == "gap" {
+			f.GapsFound++
+			if p.healed {
+				f.GapsHealed++
+			}
+		}
+		if p.reason == "poison" {
+			f.DeadLetters++
+		}
+		if !p.healed {
+			f.Parked++
+			f.ParkedByReason[p.reason]++
+			if oldest == 0 || p.firstSeen < oldest {
+				oldest = p.firstSeen
+			}
+		}
+	}
+	if oldest != 0 {
+		f.ParkedMaxAge = time.Since(time.Unix(0, oldest))
+	}
+	f.DeadLetters += t.deadRows
+
+	inStream := map[string]int{}
+	firstSeen := map[string]time.Time{}
+	for _, m := range t.stream {
+		if m.EventID == "" {
+			continue // not a Ferry event (the forged junk message)
+		}
+		inStream[m.EventID]++
+		if _, ok := firstSeen[m.EventID]; !ok {
+			firstSeen[m.EventID] = m.Time
+		}
+	}
+	f.Published = len(inStream)
+	f.StreamMessages = len(t.stream)
+
+	e.rec.mu.Lock()
+	for _, n := range e.rec.pubCalls {
+		f.DuplicatePublishes += max(0, n-1)
+	}
+	f.BrokerCalls = e.rec.pubTotal
+	deliveries := map[string]int{}
+	for id, n := range e.rec.deliveries {
+		deliveries[id] = n
+		f.DuplicateDeliveries += max(0, n-1)
+	}
+	pubCalls := map[string]int{}
+	for id, n := range e.rec.pubCalls {
+		pubCalls[id] = n
+	}
+	e.rec.mu.Unlock()
+
+	e.provider.mu.Lock()
+	paid := 0
+	for _, ev := range e.plan.events {
+		if ev.kind == "order.paid" && t.business[ev.id] && ev.special == specialNone {
+			paid++
+		}
+	}
+	for id, n := range e.provider.charges {
+		if t.business[id] {
+			f.DuplicateEffects += max(0, n-1)
+		} else {
+			f.DuplicateEffects += n // money moved for something that never committed
+		}
+	}
+	f.ProviderCalls = e.provider.calls
+	f.Reconciliations = e.provider.statusCalls
+	e.provider.mu.Unlock()
+	if f.Committed > 0 {
+		f.BrokerCallsPerEvent = float64(f.BrokerCalls) / float64(f.Committed)
+	}
+	if paid > 0 {
+		f.ProviderCallsPerEffect = float64(f.ProviderCalls) / float64(paid)
+	}
+
+	// Per-event classification.
+	expectedPark := map[int]string{specialPoison: "poison", specialSchema: "schema", specialUnauthorized: "unauthorized"}
+	for id, ev := range e.plan.events {
+		committed := t.business[id]
+		n := applied[id]
+		if n > 1 {
+			f.DuplicateApplies += n - 1
+		}
+		if !committed {
+			f.RolledBack++
+			if inStream[id] > 0 || n > 0 {
+				f.Phantom++
+				f.Classes["unexpected"]++
+			}
+			continue
+		}
+		p, isParked := parked[id]
+		held := isParked && !p.healed
+		switch {
+		case ev.special != specialNone && n > 0:
+			f.Classes["unexpected"]++
+			viol("event %s (%s) was applied but must be parked as %s", id, ev.kind, expectedPark[ev.special])
+		case ev.special != specialNone && held && p.reason == expectedPark[ev.special]:
+			f.Classes["ok"]++
+		case ev.special != specialNone && held:
+			f.Classes["unknown"]++
+			viol("event %s parked as %s, expected %s", id, p.reason, expectedPark[ev.special])
+		case n > 1:
+			f.Classes["duplicated"]++
+		case n == 1:
+			touched := pubCalls[id] > 1 || deliveries[id] > 1 || inStream[id] > 1 || isParked || ev.faults != 0
+			if touched {
+				f.Classes["recovered"]++
+			} else {
+				f.Classes["ok"]++
+			}
+		case held:
+			f.Classes["unknown"]++
+			viol("event %s held as %s, never applied", id, p.reason)
+		default:
+			f.Classes["lost"]++
+			f.Lost++
+		}
+	}
+	// Anything applied that the workload never committed nor planned.
+	for id := range applied {
+		if _, ok := e.plan.events[id]; !ok {
+			f.Phantom++
+			f.Classes["unexpected"]++
+		}
+	}
+
+	// Order: per aggregate, applied sequences strictly increase.
+	lastSeq := map[string]int64{}
+	for _, a := range t.applied {
+		k := a.tenant + "\x00" + a.typ + "\x00" + a.aggID
+		if a.seq <= lastSeq[k] {
+			f.OrderViolations++
+		}
+		lastSeq[k] = a.seq
+		if o, ok := t.outbox[a.eventID]; ok && o.seq != a.seq {
+			f.OrderViolations++ // applied under another sequence than committed
+		}
+	}
+	// Producer: committed sequences are 1..n per aggregate.
+	seqs := map[string][]int64{}
+	for _, o := range t.outbox {
+		k := o.tenant + "\x00" + o.typ + "\x00" + o.agg
+		seqs[k] = append(seqs[k], o.seq)
+	}
+	for _, s := range seqs {
+		slices.Sort(s)
+		for i, x := range s {
+			if x != int64(i+1) {
+				f.SequenceErrors++
+				break
+			}
+		}
+	}
+	// G1: outbox rows exist iff the business transaction committed.
+	if len(t.outbox) > 0 {
+		for id := range t.outbox {
+			if !t.business[id] {
+				viol("outbox row %s without its business row (G1)", id)
+			}
+		}
+	}
+
+	var lags []time.Duration
+	for id, ts := range firstSeen {
+		if o, ok := t.outbox[id]; ok {
+			lags = append(lags, max(0, ts.Sub(o.occurred)))
+		}
+	}
+	if len(lags) > 0 {
+		sort.Slice(lags, func(i, j int) bool { return lags[i] < lags[j] })
+		f.LagP50 = lags[len(lags)*50/100]
+		f.LagP99 = lags[min(len(lags)-1, len(lags)*99/100)]
+		f.LagMax = lags[len(lags)-1]
+	}
+	f.FaultsInjected = int(e.faults.Load())
+	f.FencedWrites = int(e.rec.fencedMarks.Load())
+
+	if f.Lost > 0 {
+		viol("%d committed events lost", f.Lost)
+	}
+	if f.Phantom > 0 {
+		viol("%d phantom events (published or applied without a committed transaction)", f.Phantom)
+	}
+	if f.DuplicateApplies > 0 {
+		viol("%d duplicate applies", f.DuplicateApplies)
+	}
+	if f.DuplicateEffects > 0 {
+		viol("%d duplicate external effects", f.DuplicateEffects)
+	}
+	if f.OrderViolations > 0 {
+		viol("%d order violations", f.OrderViolations)
+	}
+	if f.SequenceErrors > 0 {
+		viol("%d aggregates with non-contiguous sequences", f.SequenceErrors)
+	}
+	return f, v
+}

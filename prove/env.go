@@ -1,0 +1,140 @@
+package prove
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/outbox"
+)
+
+// errCrash is what a component returns when a planned fault "kills" it:
+// it stops at once, leaving whatever it had not finished (unmarked rows,
+// unacked messages, in-flight ledger rows) exactly as a dead process would.
+var errCrash = errors.New("prove: injected crash")
+
+// env is one scenario's running world.
+type env struct {
+	cfg      *config
+	sc       *scenario
+	st       *stack
+	db       *database
+	w        *outbox.Writer[*sql.Tx]
+	stream   *natsStream
+	plan     *plan
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	metrics  *metrics
+	logs     *syncBuffer
+	rec      *recorder
+	provider *fakeProvider
+	prog     *progress
+
+	// pubURL is where relays connect (a fault proxy in the outage scenario).
+	pubURL string
+
+	// fault plan state: a planned fault fires once per event.
+	fired sync.Map // key fault/event id -> struct{}
+	faults atomic.Int64
+}
+
+// fire reports whether the planned fault f for event id should fire now,
+// at most once per (fault, event).
+func (e *env) fire(f int, id string) bool {
+	ev, ok := e.plan.events[id]
+	if !ok || ev.faults&f == 0 {
+		return false
+	}
+	if _, loaded := e.fired.LoadOrStore(fireKey{f, id}, struct{}{}); loaded {
+		return false
+	}
+	e.faults.Add(1)
+	return true
+}
+
+type fireKey struct {
+	f  int
+	id string
+}
+
+// recorder is prove's own instrumentation around the real broker client:
+// every publish call and delivery is counted here, independently of what
+// any component reports.
+type recorder struct {
+	mu          sync.Mutex
+	pubCalls    map[string]int
+	pubTotal    int
+	deliveries  map[string]int
+	errs        []string
+	fencedMarks atomic.Int64
+}
+
+func newRecorder() *recorder {
+	return &recorder{pubCalls: map[string]int{}, deliveries: map[string]int{}}
+}
+
+func (r *recorder) err(err error) {
+	if err == nil {
+		return
+	}
+	r.mu.Lock()
+	r.errs = append(r.errs, err.Error())
+	r.mu.Unlock()
+}
+
+// countingPublisher wraps a real publisher and counts calls per event id.
+type countingPublisher struct {
+	broker.Publisher
+	rec *recorder
+}
+
+func (c *countingPublisher) Publish(ctx context.Context, events []ferry.Event) []broker.Result {
+	c.rec.mu.Lock()
+	for _, e := range events {
+		c.rec.pubCalls[e.ID.String()]++
+		c.rec.pubTotal++
+	}
+	c.rec.mu.Unlock()
+	res := c.Publisher.Publish(ctx, events)
+	for _, r := range res {
+		c.rec.err(r.Err)
+	}
+	return res
+}
+
+func (e *env) newPublisher() (broker.Publisher, error) {
+	p, err := newNATSPublisher(e.pubURL, e.stream.name)
+	if err != nil {
+		return nil, err
+	}
+	return &countingPublisher{Publisher: p, rec: e.rec}, nil
+}
+
+// supervise runs a component, restarting it after a crash, until ctx ends.
+func supervise(ctx context.Context, wg *sync.WaitGroup, log *slog.Logger, name string, run func(context.Context) error) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			err := run(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				log.Debug("prove: component stopped, restarting", slog.String("component", name), slog.String("error", err.Error()))
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+}

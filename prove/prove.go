@@ -1,0 +1,292 @@
+package prove
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Sentinel errors callers branch on.
+var (
+	// ErrViolation: at least one real scenario reported a violation, or a
+	// negative control failed to report one (a checker that cannot fail).
+	ErrViolation = errors.New("prove: violations found")
+	// ErrUnknownScenario: a requested scenario name does not exist.
+	ErrUnknownScenario = errors.New("prove: unknown scenario")
+	// ErrInvalidConfig: an option value was rejected; the message names it.
+	ErrInvalidConfig = errors.New("prove: invalid configuration")
+)
+
+// Status of one scenario run.
+const (
+	StatusPass         = "pass"          // real scenario, no violation; or control that showed its violation
+	StatusFail         = "fail"          // real scenario with violations; or control that showed none
+	StatusNotAvailable = "not_available" // the component it needs does not exist on this stack
+	StatusError        = "error"         // the harness itself failed (setup, timeout)
+)
+
+// config is what the options set.
+type config struct {
+	seed        int64
+	events      int
+	aggregates  int
+	tenants     int
+	producers   int
+	duration    time.Duration
+	postgresURL string
+	brokerURL   string
+	scenarios   []string
+	progress    io.Writer
+	logger      *slog.Logger
+	worker      []string
+	ackWait     time.Duration
+}
+
+// Option configures Run.
+type Option func(*config)
+
+// WithSeed fixes the workload and fault plan. The same seed reproduces the
+// deterministic figures (see Figures.Deterministic). Default 1.
+func WithSeed(seed int64) Option { return func(c *config) { c.seed = seed } }
+
+// WithEvents sets how many events each scenario's workload plans
+// (committed plus rolled back), 10..1,000,000. Default 400.
+func WithEvents(n int) Option { return func(c *config) { c.events = n } }
+
+// WithAggregates sets how many orders per tenant the workload spreads over,
+// 1..100,000. Default 40.
+func WithAggregates(n int) Option { return func(c *config) { c.aggregates = n } }
+
+// WithTenants sets how many tenants share the aggregate ids (2..1000;
+// at least two so the tenant-collision check has something to collide).
+// Default 3.
+func WithTenants(n int) Option { return func(c *config) { c.tenants = n } }
+
+// WithProducers sets the number of concurrent producer goroutines, 1..256.
+// Default 4.
+func WithProducers(n int) Option { return func(c *config) { c.producers = n } }
+
+// WithDuration bounds how long one scenario may take to settle after its
+// workload (a pipeline that never delivers is reported, not waited on
+// forever). Default 60s.
+func WithDuration(d time.Duration) Option { return func(c *config) { c.duration = d } }
+
+// WithPostgres runs against Postgres at url (each scenario in a fresh
+// schema, dropped afterwards) instead of SQLite in a temp dir.
+func WithPostgres(url string) Option { return func(c *config) { c.postgresURL = url } }
+
+// WithBroker runs against a broker URL instead of the embedded NATS
+// server: nats://host:port (JetStream). Each scenario uses a fresh stream,
+// deleted afterwards. amqp:// and kafka:// are accepted and reported
+// "not available" until prove is wired to those adapters.
+func WithBroker(url string) Option { return func(c *config) { c.brokerURL = url } }
+
+// WithScenarios selects scenarios by name (default: all).
+func WithScenarios(names ...string) Option {
+	return func(c *config) { c.scenarios = append(c.scenarios, names...) }
+}
+
+// WithProgress writes a live, overwritten progress line to w (a terminal's
+// stderr); nil disables it.
+func WithProgress(w io.Writer) Option { return func(c *config) { c.progress = w } }
+
+// WithLogger sets where the pipeline's components log. Default: discard.
+// The payload-leakage scenario always captures its own.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithWorkerCommand is the argv that starts this program as a prove worker
+// subprocess (for `ferry`: the executable plus "prove", "worker"). Without
+// it the process-level SIGKILL scenario reports "not available".
+func WithWorkerCommand(argv ...string) Option { return func(c *config) { c.worker = argv } }
+
+func (c *config) validate() error {
+	bad := func(field, reason string) error { return fmt.Errorf("%w: %s %s", ErrInvalidConfig, field, reason) }
+	switch {
+	case c.events < 10 || c.events > 1_000_000:
+		return bad("events", fmt.Sprintf("must be in 10..1000000, got %d", c.events))
+	case c.aggregates < 1 || c.aggregates > 100_000:
+		return bad("aggregates", fmt.Sprintf("must be in 1..100000, got %d", c.aggregates))
+	case c.tenants < 2 || c.tenants > 1000:
+		return bad("tenants", fmt.Sprintf("must be in 2..1000, got %d", c.tenants))
+	case c.producers < 1 || c.producers > 256:
+		return bad("producers", fmt.Sprintf("must be in 1..256, got %d", c.producers))
+	case c.duration < time.Second:
+		return bad("duration", fmt.Sprintf("must be at least 1s, got %s", c.duration))
+	}
+	if c.postgresURL != "" && !strings.HasPrefix(c.postgresURL, "postgres://") && !strings.HasPrefix(c.postgresURL, "postgresql://") {
+		return bad("postgres", "must be a postgres:// URL")
+	}
+	if c.brokerURL != "" {
+		ok := false
+		for _, p := range []string{"nats://", "amqp://", "amqps://", "kafka://"} {
+			ok = ok || strings.HasPrefix(c.brokerURL, p)
+		}
+		if !ok {
+			return bad("broker", "must be nats://, amqp:// or kafka://")
+		}
+	}
+	for _, n := range c.scenarios {
+		if _, ok := lookupScenario(n); !ok {
+			return fmt.Errorf("%w: %q (see ferry prove --list)", ErrUnknownScenario, n)
+		}
+	}
+	return nil
+}
+
+// Report is the outcome of a run.
+type Report struct {
+	Seed    int64         `json:"seed"`
+	Stack   string        `json:"stack"`
+	Events  int           `json:"events_per_scenario"`
+	Elapsed time.Duration `json:"elapsed_ns"`
+	Results []Result      `json:"results"`
+}
+
+// Result is one scenario's verdict and figures.
+type Result struct {
+	Scenario    string `json:"scenario"`
+	Description string `json:"description"`
+	// Control marks a negative control: a deliberately broken pipeline
+	// that must show violations.
+	Control bool   `json:"control"`
+	Status  string `json:"status"`
+	// Components says which pipeline pieces ran: "ferry:outbox" for the
+	// real package, "prove:relay" for prove's reference implementation.
+	Components []string      `json:"components"`
+	Figures    Figures       `json:"figures"`
+	Violations []string      `json:"violations,omitempty"`
+	Note       string        `json:"note,omitempty"`
+	Elapsed    time.Duration `json:"elapsed_ns"`
+}
+
+// Failed reports whether the run must exit non-zero: a real scenario with
+// a violation or an error, or a control that showed no violation.
+func (r *Report) Failed() bool {
+	for _, res := range r.Results {
+		if res.Status == StatusFail || res.Status == StatusError {
+			return true
+		}
+	}
+	return false
+}
+
+// Result returns the result of scenario name.
+func (r *Report) Result(name string) (Result, bool) {
+	for _, res := range r.Results {
+		if res.Scenario == name {
+			return res, true
+		}
+	}
+	return Result{}, false
+}
+
+// Run executes the selected scenarios one after another, each on a fresh
+// database and stream, and returns the report. The error is non-nil only
+// when the run could not be carried out (bad options, no broker); check
+// Report.Failed for the verdict.
+func Run(ctx context.Context, opts ...Option) (*Report, error) {
+	cfg := config{seed: 1, events: 400, aggregates: 40, tenants: 3, producers: 4, duration: 60 * time.Second, ackWait: 700 * time.Millisecond}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	names := cfg.scenarios
+	if len(names) == 0 {
+		for _, s := range allScenarios() {
+			names = append(names, s.name)
+		}
+	}
+	start := time.Now()
+	st, err := openStack(ctx, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer st.close()
+	rep := &Report{Seed: cfg.seed, Stack: st.describe(), Events: cfg.events}
+	prog := newProgress(cfg.progress)
+	defer prog.done()
+	for i, n := range names {
+		sc, _ := lookupScenario(n)
+		prog.scenario(i+1, len(names), n)
+		res := runScenario(ctx, &cfg, st, sc, prog)
+		rep.Results = append(rep.Results, res)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	rep.Elapsed = time.Since(start)
+	return rep, nil
+}
+
+// ScenarioInfo describes a scenario for listings.
+type ScenarioInfo struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	Control     bool   `json:"control"`
+}
+
+// Scenarios lists every scenario in run order.
+func Scenarios() []ScenarioInfo {
+	var out []ScenarioInfo
+	for _, s := range allScenarios() {
+		out = append(out, ScenarioInfo{Name: s.name, Description: s.desc, Control: s.control})
+	}
+	return out
+}
+
+func lookupScenario(name string) (*scenario, bool) {
+	all := allScenarios()
+	i := slices.IndexFunc(all, func(s *scenario) bool { return s.name == name })
+	if i < 0 {
+		return nil, false
+	}
+	return all[i], true
+}
+
+// progress draws one overwritten status line.
+type progress struct {
+	w     io.Writer
+	label string
+	last  time.Time
+}
+
+func newProgress(w io.Writer) *progress { return &progress{w: w} }
+
+func (p *progress) scenario(i, n int, name string) {
+	p.label = fmt.Sprintf("[%d/%d] %s", i, n, name)
+	p.line("starting")
+}
+
+func (p *progress) update(format string, args ...any) {
+	if p.w == nil || time.Since(p.last) < 100*time.Millisecond {
+		return
+	}
+	p.line(fmt.Sprintf(format, args...))
+}
+
+func (p *progress) line(s string) {
+	if p.w == nil {
+		return
+	}
+	p.last = time.Now()
+	fmt.Fprintf(p.w, "\r\033[K%s: %s", p.label, s)
+}
+
+func (p *progress) done() {
+	if p.w != nil {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}
+
+var _ = os.Stderr

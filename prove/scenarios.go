@@ -1,0 +1,493 @@
+package prove
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/internal/faultproxy"
+)
+
+// scenario is one row of the crash matrix: a workload shape, the faults
+// it injects, the pipeline (correct or deliberately broken) and any extra
+// steps and checks.
+type scenario struct {
+	name, desc string
+	control    bool
+	plan       planOptions
+
+	relays        int  // reference relays running concurrently (0: naive producer publishes)
+	pauseRelay    bool // one relay stalls past its lease once
+	markBeforeAck bool
+	nonAtomic     bool
+	inlineEffect  bool
+	naive         bool
+
+	revokeBeforeConsume bool // stale authorization: consume only after publish + revocation
+	outage              bool
+	duplicates          int  // forged redeliveries (same event id, new broker msg id)
+	collision           bool // forged message reusing an event id with other content
+	undecodable         bool // a message that is not a CloudEvent
+	cleanup             string
+	leakage             bool
+	sigkill             bool
+	notAvailable        func(*stack, *config) string
+
+	// extra checks after the common ones.
+	extra func(*env, *Figures, *truth) []string
+}
+
+func allScenarios() []*scenario {
+	oneRelay := 1
+	return []*scenario{
+		{name: "producer-rollback", desc: "deliberate rollbacks: rolled-back events are never published or applied",
+			plan: planOptions{rollbackRate: 0.3}, relays: oneRelay},
+		{name: "relay-crash-after-publish", desc: "relay crashes after the broker ack, before marking sent; restarts and republishes",
+			plan: planOptions{rollbackRate: 0.05, faultRates: map[int]float64{faultRelayCrash: 0.03}}, relays: oneRelay,
+			extra: func(e *env, f *Figures, _ *truth) []string {
+				if f.FaultsInjected > 0 && f.DuplicatePublishes == 0 {
+					return []string{"relay crashes fired but nothing was republished: the fault did not bite"}
+				}
+				return nil
+			}},
+		{name: "consumer-ack-loss", desc: "consumer commits, then crashes before the ack; the redelivery is absorbed",
+			plan: planOptions{rollbackRate: 0.05, faultRates: map[int]float64{faultAckLoss: 0.03}}, relays: oneRelay},
+		{name: "concurrent-relays", desc: "three relays share the shards by lease; one stalls past its lease and is fenced",
+			plan: planOptions{rollbackRate: 0.05}, relays: 3, pauseRelay: true},
+		{name: "duplicate-delivery", desc: "the broker delivers copies of published events under new message ids",
+			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, duplicates: 25},
+		{name: "sequence-gap-reorder", desc: "the consumer sees later events of an aggregate first: park as gap, heal in order",
+			plan: planOptions{faultRates: map[int]float64{faultReorder: 0.08}}, relays: oneRelay,
+			extra: func(e *env, f *Figures, _ *truth) []string {
+				if f.GapsFound != f.GapsHealed {
+					return []string{fmt.Sprintf("%d gaps found, only %d healed", f.GapsFound, f.GapsHealed)}
+				}
+				return nil
+			}},
+		{name: "poison-parking", desc: "a handler that always fails parks the message after 3 attempts (dead letter), never drops it",
+			plan: planOptions{specials: map[int]int{specialPoison: 4}}, relays: oneRelay},
+		{name: "schema-incompatible", desc: "events of an unsupported schema version and a non-CloudEvents message are parked, not applied",
+			plan: planOptions{specials: map[int]int{specialSchema: 4}}, relays: oneRelay, undecodable: true,
+			extra: func(e *env, f *Figures, _ *truth) []string {
+				if f.ParkedByReason["undecodable"] != 1 {
+					return []string{fmt.Sprintf("undecodable message parked %d times, want 1", f.ParkedByReason["undecodable"])}
+				}
+				return nil
+			}},
+		{name: "tenant-collision", desc: "tenants share aggregate ids; a forged message reuses an event id with other content",
+			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, collision: true,
+			extra: func(e *env, f *Figures, _ *truth) []string {
+				if f.ParkedByReason["collision"] != 1 {
+					return []string{fmt.Sprintf("collision parked %d times, want 1", f.ParkedByReason["collision"])}
+				}
+				return nil
+			}},
+		{name: "stale-authorization", desc: "a principal is revoked between publish and consume: its events are parked, not applied",
+			plan: planOptions{specials: map[int]int{specialUnauthorized: 4}}, relays: oneRelay, revokeBeforeConsume: true},
+		{name: "cleanup-guarded", desc: "cleanup refuses a retention shorter than the replay window; a full replay is absorbed",
+			plan: planOptions{}, relays: oneRelay, cleanup: "guarded"},
+		{name: "external-success-local-failure", desc: "the provider succeeds, the worker dies before the ledger write; reconciliation, no second charge",
+			plan: planOptions{faultRates: map[int]float64{faultEffectCrash: 0.2}}, relays: oneRelay,
+			extra: func(e *env, f *Figures, _ *truth) []string {
+				if f.FaultsInjected > 0 && f.Reconciliations == 0 {
+					return []string{"effect crashes fired but no reconciliation ran"}
+				}
+				return nil
+			}},
+		{name: "multi-producer-race", desc: "every producer writes the same few aggregates at once: sequences stay 1..n, applied in order",
+			plan: planOptions{race: true}, relays: 2},
+		{name: "broker-outage", desc: "the broker is black-holed, then every connection reset; retries stay bounded",
+			plan: planOptions{}, relays: oneRelay, outage: true,
+			extra: func(e *env, f *Figures, _ *truth) []string {
+				if f.BrokerCallsPerEvent > maxAmplification {
+					return []string{fmt.Sprintf("retry amplification %.1f broker calls per event exceeds %d", f.BrokerCallsPerEvent, maxAmplification)}
+				}
+				return nil
+			}},
+		{name: "payload-leakage", desc: "canary strings in every payload never reach logs, errors or metric labels",
+			plan: planOptions{specials: map[int]int{specialPoison: 2, specialSchema: 2}}, relays: oneRelay, leakage: true, collision: true, undecodable: true},
+		{name: "relay-sigkill", desc: "the relay runs as a subprocess, SIGKILLed at random moments and restarted",
+			plan: planOptions{rollbackRate: 0.05}, relays: 0, sigkill: true,
+			notAvailable: func(_ *stack, c *config) string {
+				if len(c.worker) == 0 {
+					return "no worker command (run through `ferry prove`, or pass WithWorkerCommand)"
+				}
+				return ""
+			}},
+		{name: "cdc-restart", desc: "CDC relay restarted mid-stream resumes from its slot without loss",
+			notAvailable: func(*stack, *config) string {
+				return "relay/cdc is not wired into prove yet"
+			}},
+
+		// Negative controls: broken pipelines that must show violations.
+		{name: "control-naive-dual-write", control: true, desc: "commit, then publish directly (crash between); publish inside a tx that rolls back",
+			plan: planOptions{rollbackRate: 0.1, faultRates: map[int]float64{faultProducer: 0.05}}, naive: true},
+		{name: "control-mark-before-ack", control: true, desc: "relay marks rows sent before the broker acks, then crashes",
+			plan: planOptions{faultRates: map[int]float64{faultRelayCrash: 0.03}}, relays: oneRelay, markBeforeAck: true},
+		{name: "control-non-atomic-inbox", control: true, desc: "inbox claims in one transaction and applies in another; a crash between",
+			plan: planOptions{faultRates: map[int]float64{faultInboxCrash: 0.03}}, relays: oneRelay, nonAtomic: true},
+		{name: "control-premature-cleanup", control: true, desc: "cleanup with retention shorter than the replay window, then a replay",
+			plan: planOptions{}, relays: oneRelay, cleanup: "premature"},
+		{name: "control-inline-effect", control: true, desc: "external call inside the handler without the ledger; crash after provider success",
+			plan: planOptions{faultRates: map[int]float64{faultEffectCrash: 0.2}}, relays: oneRelay, inlineEffect: true},
+	}
+}
+
+// maxAmplification bounds broker calls per committed event in the outage
+// scenario: a relay without backoff and circuit breaking retries every
+// row on every poll and blows far past it.
+const maxAmplification = 5
+
+// components names what a scenario ran, honestly.
+func (sc *scenario) components() []string {
+	c := []string{"ferry:outbox", "ferry:migrate", "ferry:broker/cloudevents", "nats-server(jetstream)"}
+	if sc.relays > 0 || sc.sigkill {
+		c = append(c, "prove:reference-relay")
+	}
+	c = append(c, "prove:reference-inbox", "prove:reference-effect-ledger", "prove:fake-provider")
+	if sc.outage {
+		c = append(c, "internal/faultproxy")
+	}
+	return c
+}
+
+func runScenario(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) Result {
+	start := time.Now()
+	res := Result{Scenario: sc.name, Description: sc.desc, Control: sc.control, Components: sc.components()}
+	if st.broker != "nats" {
+		res.Status, res.Note = StatusNotAvailable, fmt.Sprintf("broker %s is not wired into prove yet (nats only)", st.broker)
+		return res
+	}
+	if sc.notAvailable != nil {
+		if why := sc.notAvailable(st, cfg); why != "" {
+			res.Status, res.Note, res.Components = StatusNotAvailable, why, nil
+			return res
+		}
+	}
+	f, viol, note, err := execute(ctx, cfg, st, sc, prog)
+	res.Elapsed = time.Since(start)
+	res.Figures, res.Violations, res.Note = f, viol, note
+	switch {
+	case err != nil:
+		res.Status = StatusError
+		res.Note = err.Error()
+	case sc.control && len(viol) == 0:
+		res.Status = StatusFail
+		res.Note = "negative control showed no violation: the checker cannot fail"
+	case sc.control:
+		res.Status = StatusPass
+	case len(viol) > 0:
+		res.Status = StatusFail
+	default:
+		res.Status = StatusPass
+	}
+	return res
+}
+
+func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) (Figures, []string, string, error) {
+	db, err := st.newDatabase(ctx, sc.name)
+	if err != nil {
+		return Figures{}, nil, "", err
+	}
+	defer db.close()
+	w, err := db.writer()
+	if err != nil {
+		return Figures{}, nil, "", err
+	}
+	p, err := newPlan(cfg, sc.name, sc.plan)
+	if err != nil {
+		return Figures{}, nil, "", err
+	}
+	stream := &natsStream{url: st.natsURL, name: "PROVE_" + strings.ToUpper(strings.ReplaceAll(sc.name, "-", "_")) + "_" + randHex(4), ackWait: cfg.ackWait}
+	if err := stream.create(ctx); err != nil {
+		return Figures{}, nil, "", err
+	}
+	defer stream.destroy(context.WithoutCancel(ctx))
+
+	e := &env{cfg: cfg, sc: sc, st: st, db: db, w: w, stream: stream, plan: p, log: cfg.logger,
+		reg: prometheus.NewRegistry(), rec: newRecorder(), provider: newFakeProvider(), prog: prog, pubURL: st.natsURL}
+	e.metrics = newMetrics(e.reg)
+	if sc.leakage {
+		e.logs = &syncBuffer{}
+		e.log = slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	for _, pr := range []string{"user:clerk", "user:mallory"} {
+		if _, err := db.drv.Executor().Exec(ctx, `INSERT INTO prove_policy (principal, action, allowed) VALUES ($1, '*', 1)`, pr); err != nil {
+			return Figures{}, nil, "", fmt.Errorf("prove: policy: %w", err)
+		}
+	}
+	var proxy *faultproxy.Proxy
+	if sc.outage {
+		u, err := url.Parse(st.natsURL)
+		if err != nil {
+			return Figures{}, nil, "", fmt.Errorf("prove: nats url: %w", err)
+		}
+		if proxy, err = faultproxy.New(u.Host); err != nil {
+			return Figures{}, nil, "", err
+		}
+		defer proxy.Close()
+		e.pubURL = "nats://" + proxy.Addr()
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+
+	pause := &atomic.Bool{}
+	pause.Store(sc.pauseRelay)
+	for i := 0; i < sc.relays; i++ {
+		name := fmt.Sprintf("relay-%d", i)
+		var po *atomic.Bool
+		if i == 0 {
+			po = pause
+		}
+		supervise(runCtx, &wg, e.log, name, func(ctx context.Context) error {
+			pub, err := e.newPublisher()
+			if err != nil {
+				return err
+			}
+			defer pub.Close()
+			r := &refRelay{env: e, id: name + "-" + randHex(3), pub: pub, ttl: 300 * time.Millisecond, held: map[int]int64{},
+				markBeforeAck: sc.markBeforeAck, pauseOnce: po}
+			return r.run(ctx)
+		})
+	}
+	if sc.sigkill {
+		startSigkillRelay(runCtx, &wg, e)
+	}
+	inbox := &refInbox{env: e, maxAttempts: 3, nonAtomic: sc.nonAtomic, inlineEffect: sc.inlineEffect}
+	startConsumer := func() {
+		supervise(runCtx, &wg, e.log, "inbox", inbox.run)
+	}
+	if !sc.revokeBeforeConsume {
+		startConsumer()
+	}
+	supervise(runCtx, &wg, e.log, "effects", (&refEffects{env: e, unknownAfter: 300 * time.Millisecond}).run)
+
+	// The outage: black hole, then reset every connection, then heal.
+	outageDone := make(chan struct{})
+	if proxy != nil {
+		go func() {
+			defer close(outageDone)
+			sleepCtx(runCtx, 300*time.Millisecond)
+			proxy.Set(faultproxy.Blackhole)
+			proxy.ResetAll()
+			sleepCtx(runCtx, 1500*time.Millisecond)
+			proxy.Set(faultproxy.Reset)
+			sleepCtx(runCtx, 300*time.Millisecond)
+			proxy.Set(faultproxy.Pass)
+		}()
+	} else {
+		close(outageDone)
+	}
+
+	var txDone atomic.Int64
+	total := len(p.txs)
+	var perr error
+	if sc.naive {
+		perr = produceNaive(runCtx, e)
+	} else {
+		perr = produce(runCtx, db, w, p, cfg.producers, func() {
+			n := txDone.Add(1)
+			prog.update("producing %d/%d transactions, %d faults fired", n, total, e.faults.Load())
+		})
+	}
+	if perr != nil {
+		return Figures{}, nil, "", fmt.Errorf("prove: workload: %w", perr)
+	}
+	<-outageDone
+
+	if sc.revokeBeforeConsume {
+		// Wait until every committed event is in the stream, then revoke.
+		if err := waitPublished(runCtx, e, cfg.duration); err != nil {
+			return Figures{}, nil, "", err
+		}
+		if _, err := db.drv.Executor().Exec(ctx, `UPDATE prove_policy SET allowed = 0 WHERE principal = 'user:mallory'`); err != nil {
+			return Figures{}, nil, "", fmt.Errorf("prove: revoke: %w", err)
+		}
+		startConsumer()
+	}
+	if err := forge(runCtx, e); err != nil {
+		return Figures{}, nil, "", err
+	}
+	settle(runCtx, e, cfg)
+	var note string
+	if sc.cleanup != "" {
+		n, err := cleanupThenReplay(runCtx, e, &wg, inbox)
+		if err != nil {
+			return Figures{}, nil, "", err
+		}
+		note = n
+	}
+	stop()
+	wg.Wait()
+
+	t, err := collect(ctx, e)
+	if err != nil {
+		return Figures{}, nil, "", err
+	}
+	f, viol := check(e, t)
+	if sc.leakage {
+		e.rec.mu.Lock()
+		errs := append([]string(nil), e.rec.errs...)
+		e.rec.mu.Unlock()
+		leaks, err := findLeaks(p.canary, e.logs.String(), errs, e.reg)
+		if err != nil {
+			return Figures{}, nil, "", err
+		}
+		f.Leaks = len(leaks)
+		for _, l := range leaks {
+			viol = append(viol, "payload leak: "+l)
+		}
+		if e.logs.String() == "" || len(errs) == 0 {
+			viol = append(viol, "leak check saw no logs or no errors: nothing was checked")
+		}
+	}
+	if sc.extra != nil {
+		viol = append(viol, sc.extra(e, &f, t)...)
+	}
+	return f, viol, note, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// settle waits until the pipeline is done — every committed event applied
+// or parked, every ledger row settled — or stops moving for a while (a
+// broken pipeline never finishes), or the duration runs out.
+func settle(ctx context.Context, e *env, cfg *config) {
+	deadline := time.Now().Add(cfg.duration)
+	stall := max(3*time.Second, 4*cfg.ackWait)
+	var lastState string
+	lastChange := time.Now()
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		state, done, err := progressState(ctx, e)
+		if err != nil {
+			e.rec.err(err)
+		}
+		e.prog.update("settling: %s", state)
+		if done {
+			// Let in-flight acks land so the stream's state is final.
+			sleepCtx(ctx, 100*time.Millisecond)
+			return
+		}
+		if state != lastState {
+			lastState, lastChange = state, time.Now()
+		} else if time.Since(lastChange) > stall {
+			return
+		}
+		sleepCtx(ctx, 50*time.Millisecond)
+	}
+}
+
+func progressState(ctx context.Context, e *env) (string, bool, error) {
+	ex := e.db.drv.Executor()
+	var committed, handled, ledgerOpen int64
+	q := func(sql string, dst *int64) error {
+		rows, err := ex.Query(ctx, sql)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		if rows.Next() {
+			return rows.Scan(dst)
+		}
+		return rows.Err()
+	}
+	if err := q(`SELECT COUNT(*) FROM prove_business`, &committed); err != nil {
+		return "", false, err
+	}
+	if err := q(`SELECT COUNT(*) FROM prove_business b WHERE EXISTS (SELECT 1 FROM prove_applied a WHERE a.event_id = b.event_id)
+ OR EXISTS (SELECT 1 FROM prove_parked p WHERE p.event_id = b.event_id AND p.healed_at = 0 AND p.reason <> 'gap')`, &handled); err != nil {
+		return "", false, err
+	}
+	if err := q(`SELECT COUNT(*) FROM prove_ledger WHERE status <> 'succeeded'`, &ledgerOpen); err != nil {
+		return "", false, err
+	}
+	state := fmt.Sprintf("%d/%d committed events handled, %d effects open, %d faults fired", handled, committed, ledgerOpen, e.faults.Load())
+	return state, handled == committed && ledgerOpen == 0, nil
+}
+
+// waitPublished waits until the stream holds every committed event.
+func waitPublished(ctx context.Context, e *env, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		var committed int64
+		rows, err := e.db.drv.Executor().Query(ctx, `SELECT COUNT(*) FROM prove_business`)
+		if err != nil {
+			return fmt.Errorf("prove: count: %w", err)
+		}
+		if rows.Next() {
+			_ = rows.Scan(&committed)
+		}
+		rows.Close()
+		msgs, err := e.stream.readAll(ctx)
+		if err != nil {
+			return err
+		}
+		ids := map[string]bool{}
+		for _, m := range msgs {
+			ids[m.EventID] = true
+		}
+		e.prog.update("waiting for publication: %d/%d", len(ids), committed)
+		if int64(len(ids)) >= committed {
+			return nil
+		}
+		sleepCtx(ctx, 50*time.Millisecond)
+	}
+	return errors.New("prove: events were not all published in time")
+}
+
+// forge publishes the scenario's hostile messages straight to the broker.
+func forge(ctx context.Context, e *env) error {
+	sc := e.sc
+	if sc.duplicates == 0 && !sc.collision && !sc.undecodable {
+		return nil
+	}
+	if err := waitPublished(ctx, e, e.cfg.duration); err != nil {
+		return err
+	}
+	raw, err := e.stream.readAll(ctx)
+	if err != nil {
+		return err
+	}
+	subject := e.stream.name + ".order"
+	for i := 0; i < sc.duplicates && i < len(raw); i++ {
+		if err := rawPublish(ctx, e.stream.url, subject, raw[i].Headers, raw[i].Body, "dup-"+randHex(8)); err != nil {
+			return fmt.Errorf("prove: forge duplicate: %w", err)
+		}
+	}
+	if sc.collision && len(raw) > 0 {
+		body := append([]byte(nil), raw[0].Body...)
+		body = append(body[:len(body)-1], []byte(`,"forged":true}`)...)
+		if err := rawPublish(ctx, e.stream.url, subject, raw[0].Headers, body, "forged-"+randHex(8)); err != nil {
+			return fmt.Errorf("prove: forge collision: %w", err)
+		}
+	}
+	if sc.undecodable {
+		body := []byte(`{"card_note":"` + e.plan.canary[0] + `"}`)
+		if err := rawPublish(ctx, e.stream.url, subject, map[string]string{"x-junk": "1"}, body, "junk-"+randHex(8)); err != nil {
+			return fmt.Errorf("prove: forge junk: %w", err)
+		}
+	}
+	return nil
+}
+
+var _ = net.JoinHostPort
+var _ = ferry.AggregateKey
+var _ = sql.ErrNoRows

@@ -1,0 +1,165 @@
+package prove
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/migrate"
+	"github.com/ferryhq/ferry/outbox"
+)
+
+// stack is what every scenario shares: the broker server and the database
+// server. Each scenario gets its own database (SQLite file or Postgres
+// schema) and its own stream from it.
+type stack struct {
+	pgURL    string
+	natsURL  string
+	embedded *embeddedNATS
+	broker   string // "nats", or the scheme of an unsupported broker
+	tmp      string
+}
+
+func openStack(ctx context.Context, cfg *config) (*stack, error) {
+	st := &stack{pgURL: cfg.postgresURL, broker: "nats"}
+	tmp, err := os.MkdirTemp("", "ferry-prove-")
+	if err != nil {
+		return nil, fmt.Errorf("prove: temp dir: %w", err)
+	}
+	st.tmp = tmp
+	switch {
+	case cfg.brokerURL == "":
+		e, err := startEmbeddedNATS()
+		if err != nil {
+			st.close()
+			return nil, err
+		}
+		st.embedded, st.natsURL = e, e.URL()
+	case strings.HasPrefix(cfg.brokerURL, "nats://"):
+		st.natsURL = cfg.brokerURL
+	default:
+		st.broker = strings.SplitN(cfg.brokerURL, ":", 2)[0]
+	}
+	if st.pgURL != "" {
+		db, err := sql.Open("pgx", st.pgURL)
+		if err != nil {
+			st.close()
+			return nil, fmt.Errorf("prove: open postgres: %w", err)
+		}
+		err = db.PingContext(ctx)
+		_ = db.Close()
+		if err != nil {
+			st.close()
+			return nil, fmt.Errorf("prove: connect postgres: %w", err)
+		}
+	}
+	return st, nil
+}
+
+func (st *stack) describe() string {
+	db := "sqlite"
+	if st.pgURL != "" {
+		db = "postgres"
+	}
+	b := st.broker
+	if st.embedded != nil {
+		b = "nats(embedded)"
+	}
+	return db + "+" + b
+}
+
+func (st *stack) close() {
+	if st.embedded != nil {
+		st.embedded.Close()
+	}
+	if st.tmp != "" {
+		_ = os.RemoveAll(st.tmp)
+	}
+}
+
+// database is one scenario's database.
+type database struct {
+	db      *sql.DB
+	drv     *databasesql.Driver
+	dialect driver.Dialect
+	url     string // for subprocess workers: sqlite:PATH or the schema's postgres URL
+	drop    func()
+}
+
+const proveShards = 8
+
+func (st *stack) newDatabase(ctx context.Context, name string) (*database, error) {
+	suffix := randHex(4)
+	if st.pgURL == "" {
+		path := filepath.Join(st.tmp, name+"-"+suffix+".db")
+		db, err := databasesql.OpenSQLite(path)
+		if err != nil {
+			return nil, err
+		}
+		d := &database{db: db, drv: databasesql.New(db, driver.SQLite), dialect: driver.SQLite, url: "sqlite:" + path, drop: func() {}}
+		return d, d.init(ctx)
+	}
+	schema := "ferry_prove_" + strings.ReplaceAll(name, "-", "_") + "_" + suffix
+	if len(schema) > 40 {
+		schema = "ferry_prove_" + suffix
+	}
+	admin, err := sql.Open("pgx", st.pgURL)
+	if err != nil {
+		return nil, fmt.Errorf("prove: open postgres: %w", err)
+	}
+	if _, err := admin.ExecContext(ctx, fmt.Sprintf(`CREATE SCHEMA %q`, schema)); err != nil {
+		_ = admin.Close()
+		return nil, fmt.Errorf("prove: create schema: %w", err)
+	}
+	u, err := url.Parse(st.pgURL)
+	if err != nil {
+		_ = admin.Close()
+		return nil, fmt.Errorf("prove: postgres url: %w", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	db, err := sql.Open("pgx", u.String())
+	if err != nil {
+		_ = admin.Close()
+		return nil, fmt.Errorf("prove: open schema: %w", err)
+	}
+	db.SetMaxOpenConns(16)
+	d := &database{db: db, drv: databasesql.New(db, driver.Postgres), dialect: driver.Postgres, url: u.String()}
+	d.drop = func() {
+		_, _ = admin.ExecContext(context.Background(), fmt.Sprintf(`DROP SCHEMA %q CASCADE`, schema))
+		_ = admin.Close()
+	}
+	return d, d.init(ctx)
+}
+
+func (d *database) init(ctx context.Context) error {
+	if _, err := migrate.Up(ctx, d.drv, ferry.Tables{}); err != nil {
+		return fmt.Errorf("prove: migrate: %w", err)
+	}
+	return createProveSchema(ctx, d.drv.Executor(), proveShards)
+}
+
+func (d *database) writer() (*outbox.Writer[*sql.Tx], error) {
+	return outbox.New(d.drv, outbox.WithShardCount(proveShards))
+}
+
+func (d *database) close() {
+	_ = d.db.Close()
+	d.drop()
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

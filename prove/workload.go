@@ -1,0 +1,273 @@
+package prove
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/outbox"
+)
+
+// Fault flags planned per event from the seed, so the same seed injects
+// the same faults at the same events whatever the timing.
+const (
+	faultRelayCrash  = 1 << iota // relay crashes after publishing a batch holding it, before marking
+	faultAckLoss                 // consumer commits, then crashes before acking it
+	faultReorder                 // consumer defers its first delivery (a gap downstream)
+	faultEffectCrash             // effect worker crashes after provider success, before the ledger write
+	faultInboxCrash              // non-atomic inbox crashes between claim and apply
+	faultProducer                // naive producer crashes between commit and publish
+)
+
+// Special event kinds placed on aggregates of their own (a parked event
+// holds its aggregate, by design, so it is the aggregate's only event).
+const (
+	specialNone = iota
+	specialPoison
+	specialSchema
+	specialUnauthorized
+)
+
+type plannedEvent struct {
+	id        string
+	tenant    string
+	aggregate string
+	kind      string // order.created, order.line_added, order.paid, order.shipped, order.cancelled
+	schema    int
+	principal string
+	special   int
+	faults    int
+	payload   []byte
+}
+
+type plannedTx struct {
+	id       int
+	producer int
+	rollback bool
+	events   []*plannedEvent
+}
+
+// plan is a scenario's workload, fully decided before anything runs.
+type plan struct {
+	txs    []*plannedTx
+	events map[string]*plannedEvent
+	canary []string
+}
+
+// planOptions are the scenario's knobs for the generator.
+type planOptions struct {
+	rollbackRate float64
+	faultRates   map[int]float64
+	specials     map[int]int // special kind -> count of dedicated aggregates
+	race         bool        // a few aggregates written by every producer at once
+}
+
+func seedFor(seed int64, scenario string) (uint64, uint64) {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(scenario))
+	return uint64(seed), h.Sum64()
+}
+
+// newPlan generates the order flow: per aggregate, create (sometimes with
+// a second event in the same transaction), pay, then ship or cancel;
+// repeated until the event budget is spent. Rolled-back transactions are
+// planned too; every payload carries a canary string that must never leak.
+func newPlan(cfg *config, scenario string, o planOptions) (*plan, error) {
+	s1, s2 := seedFor(cfg.seed, scenario)
+	rng := rand.New(rand.NewPCG(s1, s2))
+	p := &plan{events: map[string]*plannedEvent{}}
+	tenants := make([]string, cfg.tenants)
+	for i := range tenants {
+		tenants[i] = fmt.Sprintf("tenant-%02d", i)
+	}
+	aggs := cfg.aggregates
+	if o.race {
+		aggs = max(1, min(3, aggs))
+	}
+	type aggState struct {
+		tenant, id string
+		step       int
+	}
+	var states []*aggState
+	for _, t := range tenants {
+		for a := 0; a < aggs; a++ {
+			// Same ids in every tenant: the tenant id must keep them apart.
+			states = append(states, &aggState{tenant: t, id: fmt.Sprintf("o-%05d", a)})
+		}
+	}
+	newEvent := func(st *aggState, kind string) (*plannedEvent, error) {
+		id, err := ferry.NewEventID()
+		if err != nil {
+			return nil, err
+		}
+		canary := fmt.Sprintf("CANARY-%016x", rng.Uint64())
+		p.canary = append(p.canary, canary)
+		ev := &plannedEvent{id: id.String(), tenant: st.tenant, aggregate: st.id, kind: kind, schema: 1,
+			principal: "user:clerk"}
+		for f, r := range o.faultRates {
+			if rng.Float64() < r {
+				ev.faults |= f
+			}
+		}
+		ev.payload = fmt.Appendf(nil, `{"order":%q,"amount_cents":%d,"card_note":%q}`, st.id, 100+rng.IntN(100000), canary)
+		return ev, nil
+	}
+	planned := 0
+	txid := 0
+	for planned < cfg.events {
+		st := states[rng.IntN(len(states))]
+		var kinds []string
+		switch st.step % 3 {
+		case 0:
+			kinds = []string{"order.created"}
+			if rng.IntN(2) == 0 {
+				kinds = append(kinds, "order.line_added") // multi-event transaction
+			}
+		case 1:
+			kinds = []string{"order.paid"}
+		case 2:
+			if rng.IntN(4) == 0 {
+				kinds = []string{"order.cancelled"}
+			} else {
+				kinds = []string{"order.shipped"}
+			}
+		}
+		tx := &plannedTx{id: txid, rollback: rng.Float64() < o.rollbackRate}
+		txid++
+		if o.race {
+			tx.producer = rng.IntN(cfg.producers)
+		} else {
+			h := fnv.New32a()
+			_, _ = h.Write([]byte(st.tenant + "/" + st.id))
+			tx.producer = int(h.Sum32() % uint32(cfg.producers))
+		}
+		for _, k := range kinds {
+			ev, err := newEvent(st, k)
+			if err != nil {
+				return nil, err
+			}
+			tx.events = append(tx.events, ev)
+		}
+		if !tx.rollback {
+			st.step++
+		}
+		planned += len(kinds)
+		p.txs = append(p.txs, tx)
+	}
+	// Dedicated aggregates for events that must be parked, never applied.
+	for kind := specialPoison; kind <= specialUnauthorized; kind++ {
+		for i := 0; i < o.specials[kind]; i++ {
+			st := &aggState{tenant: tenants[i%len(tenants)], id: fmt.Sprintf("special-%d-%03d", kind, i)}
+			ev, err := newEvent(st, "order.created")
+			if err != nil {
+				return nil, err
+			}
+			ev.special = kind
+			ev.faults = 0
+			switch kind {
+			case specialPoison:
+				ev.payload = append(ev.payload[:len(ev.payload)-1], []byte(`,"poison":true}`)...)
+			case specialSchema:
+				ev.schema = 3
+			case specialUnauthorized:
+				ev.principal = "user:mallory"
+			}
+			tx := &plannedTx{id: txid, producer: txid % cfg.producers, events: []*plannedEvent{ev}}
+			txid++
+			p.txs = append(p.txs, tx)
+		}
+	}
+	for _, tx := range p.txs {
+		for _, ev := range tx.events {
+			p.events[ev.id] = ev
+		}
+	}
+	return p, nil
+}
+
+func (e *plannedEvent) event() ferry.Event {
+	id, _ := parseUUID(e.id)
+	return ferry.Event{ID: id, TenantID: e.tenant, AggregateType: "order", AggregateID: e.aggregate,
+		EventType: e.kind, SchemaVersion: e.schema, Payload: e.payload,
+		Headers: ferry.Headers{Principal: e.principal, Action: strings.TrimPrefix(e.kind, "order."), Target: "order/" + e.aggregate,
+			CorrelationID: "corr-" + e.aggregate}}
+}
+
+// produce runs the plan's transactions on cfg.producers goroutines. Each
+// transaction writes business rows and its events in one local
+// transaction and commits or deliberately rolls back.
+func produce(ctx context.Context, db *database, w *outbox.Writer[*sql.Tx], p *plan, producers int, onTx func()) error {
+	byProducer := make([][]*plannedTx, producers)
+	for _, tx := range p.txs {
+		byProducer[tx.producer] = append(byProducer[tx.producer], tx)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, producers)
+	for i := range byProducer {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, tx := range byProducer[i] {
+				if err := runTx(ctx, db, w, tx); err != nil {
+					errs[i] = err
+					return
+				}
+				if onTx != nil {
+					onTx()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func runTx(ctx context.Context, db *database, w *outbox.Writer[*sql.Tx], ptx *plannedTx) error {
+	var err error
+	for attempt := 0; attempt < 20; attempt++ {
+		if err = runTxOnce(ctx, db, ptx, func(tx *sql.Tx, events []ferry.Event) error {
+			_, err := w.InsertTx(ctx, tx, events...)
+			return err
+		}); err == nil || ctx.Err() != nil {
+			return err
+		}
+		// Serialization failures and busy databases: retry the whole
+		// transaction; event ids stay the same, as a retried command's would.
+		time.Sleep(time.Duration(attempt+1) * 5 * time.Millisecond)
+	}
+	return fmt.Errorf("prove: producer tx %d: %w", ptx.id, err)
+}
+
+var errPlannedRollback = errors.New("prove: planned rollback")
+
+// runTxOnce writes the business rows, calls write for the events, and
+// commits or rolls back as planned.
+func runTxOnce(ctx context.Context, db *database, ptx *plannedTx, write func(*sql.Tx, []ferry.Event) error) error {
+	tx, err := db.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	events := make([]ferry.Event, len(ptx.events))
+	for i, ev := range ptx.events {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO prove_business (event_id, tx_id, tenant_id, order_id, kind) VALUES ($1, $2, $3, $4, $5)`,
+			ev.id, ptx.id, ev.tenant, ev.aggregate, ev.kind); err != nil {
+			return fmt.Errorf("business row: %w", err)
+		}
+		events[i] = ev.event()
+	}
+	if err := write(tx, events); err != nil {
+		return err
+	}
+	if ptx.rollback {
+		return tx.Rollback()
+	}
+	return tx.Commit()
+}
