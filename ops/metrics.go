@@ -179,3 +179,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		g(c.slotLag, s.LagBytes, s.Slot)
 	}
 }
+
+// MetricNames lists every metric the Collector exports.
+func MetricNames() []string {
+	return []string{MetricUp, MetricTopicPending, MetricTopicOldestPending, MetricTopicDead, MetricDiscarded, MetricPendingTotal,
+		MetricOldestPendingTotal, MetricSoftCap, MetricHardCap, MetricUnownedShards, MetricRelayOwnedShards, MetricRelayLive,
+		MetricParked, MetricParkedOldest, MetricOpenGaps, MetricOldestGap, MetricAppliedLastMinute, MetricEffects,
+		MetricEffectsOldestUnknown, MetricCDCSlotLag}
+}
