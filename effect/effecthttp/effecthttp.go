@@ -165,7 +165,7 @@ func (c *Client) Execute(ctx context.Context, in effect.Intent) (effect.Result, 
 		// will not build on retry either.
 		return effect.Result{}, effect.Rejected(fmt.Errorf("effecthttp: build request: %w", err))
 	}
-	req.Header.Set(c.keyHdr, in.Key)
+	setKey(req.Header, c.keyHdr, in.Key)
 	status, h, body, err := c.do(req)
 	if err != nil {
 		return effect.Result{}, err
@@ -203,7 +203,7 @@ func (c *Client) Status(ctx context.Context, in effect.Intent) (effect.Status, e
 	if err != nil {
 		return effect.Status{}, fmt.Errorf("effecthttp: build status request: %w", err)
 	}
-	req.Header.Set(c.keyHdr, in.Key)
+	setKey(req.Header, c.keyHdr, in.Key)
 	status, h, body, err := c.do(req)
 	if err != nil {
 		return effect.Status{}, err
@@ -247,4 +247,15 @@ func (c *Client) do(req *http.Request) (int, http.Header, []byte, error) {
 	// cut short: extraction gets what was read.
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, c.maxBody))
 	return resp.StatusCode, resp.Header, body, nil
+}
+
+// setKey sets the idempotency header under a lower-case map key. HTTP header
+// names are case-insensitive on the wire (and lower case in HTTP/2), but
+// net/http's transport looks up the canonical "Idempotency-Key" to decide
+// that a POST is replayable and then silently re-sends it after a dropped
+// connection. Every retry must instead go through the ledger, after a status
+// query, so the transport must not see the request as replayable.
+func setKey(h http.Header, name, key string) {
+	h.Del(name)
+	h[strings.ToLower(name)] = []string{key}
 }
