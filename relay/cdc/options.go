@@ -80,8 +80,9 @@ func WithStandbyTimeout(d time.Duration) Option { return func(c *config) { c.sta
 // connection.
 func WithAcquireInterval(d time.Duration) Option { return func(c *config) { c.acquire = d } }
 
-// WithHeartbeat makes the relay emit pg_logical_emit_message(false,
-// 'ferry.heartbeat', ”) every d (default 0: off). The message is not part of
+// WithHeartbeat makes the relay emit a non-transactional logical message
+// with prefix "ferry.heartbeat" and empty content (pg_logical_emit_message)
+// every d (default 0: off). The message is not part of
 // any table, pgoutput is started with messages=false, so it never reaches
 // the broker; it only makes WAL move so keepalives carry a fresh position on
 // an otherwise idle database. Keepalive-based advancing works without it on
@@ -142,6 +143,9 @@ type Faults struct {
 	// NoCatchUp skips re-publishing pending rows from the table after the
 	// slot was (re)created: a lost slot then loses the rows it held.
 	NoCatchUp bool
+	// NoIdleAdvance never confirms keepalive positions: with an idle
+	// outbox the slot then pins WAL however busy other tables are.
+	NoIdleAdvance bool
 	// BeforeConfirm, when set, is called with each LSN about to be
 	// confirmed (test hook, e.g. to observe or to crash at that point).
 	BeforeConfirm func(lsn uint64)

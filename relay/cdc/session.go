@@ -376,7 +376,7 @@ func (s *session) read(ctx context.Context) error {
 			// everything the server sent before this keepalive is handled, so
 			// its WAL position is safe to confirm. This keeps an idle outbox on
 			// a busy database from pinning WAL.
-			if cur == nil && s.inflight.Load() == 0 {
+			if cur == nil && s.inflight.Load() == 0 && !cfg.faults.NoIdleAdvance {
 				s.advance(ka.ServerWALEnd)
 			}
 			if ka.ReplyRequested {
