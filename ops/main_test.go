@@ -1,0 +1,13 @@
+package ops_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// Relays, embedded NATS servers and pools started by the tests must all be
+// gone when the tests end.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}

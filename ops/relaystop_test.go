@@ -1,0 +1,197 @@
+package ops_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/deploy"
+	"github.com/ferryhq/ferry/ops"
+	"github.com/ferryhq/ferry/relay"
+)
+
+// embeddedNATS starts a JetStream server of the test's own (never the
+// shared one) with a stream for the test topics, and a publisher.
+func embeddedNATS(t *testing.T) *natsjs.Publisher {
+	t.Helper()
+	emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(t.TempDir()))
+	if err != nil {
+		t.Fatalf("embedded nats: %v", err)
+	}
+	t.Cleanup(func() { _ = emb.Close() })
+	nc, err := natsjs.Connect(emb.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := natsjs.EnsureStream(ctx, js, natsjs.StreamConfig{Name: "OPSTEST", Subjects: []string{"order.events"}}); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := natsjs.NewPublisher(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	return pub
+}
+
+// runRelay runs a real relay until the returned stop is called.
+func runRelay(t *testing.T, e *env, r *relay.Relay) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var stopped bool
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("relay run: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("relay did not stop")
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestRelayStoppedBacklogAlertFiresAndRecovers stops a real relay, lets
+// (simulated) time pass, and evaluates the shipped alert rule against the
+// ops collector's metrics: it fires while the relay is down and clears
+// once a restarted relay has drained the backlog.
+func TestRelayStoppedBacklogAlertFiresAndRecovers(t *testing.T) {
+	both(t, func(t *testing.T, e *env) {
+		o := e.ops
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(ops.NewCollector(o))
+		rules, err := deploy.AlertRules()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var expr string
+		for _, r := range rules {
+			if r.Alert == "FerryOutboxBacklogStale" {
+				expr = r.Expr
+			}
+		}
+		if expr == "" {
+			t.Fatal("no FerryOutboxBacklogStale rule")
+		}
+		firing := func() []deploy.Sample {
+			fams, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := deploy.Eval(expr, fams)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
+		oldest := func() float64 {
+			st, err := o.Status(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st.Outbox.OldestPendingAge
+		}
+		pending := func() int64 {
+			return count(t, e, fmt.Sprintf(`SELECT count(*) FROM %s WHERE status = 'pending'`, tn("outbox")))
+		}
+
+		pub := embeddedNATS(t)
+		relayReg := prometheus.NewRegistry()
+		r, err := relay.New(e.db, pub, relay.WithShardCount(4), relay.WithPollInterval(20*time.Millisecond),
+			relay.WithLeaseTTL(2*time.Second), relay.WithInstanceID("relay-a"), relay.WithRegisterer(relayReg))
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		// Running: events are published, nothing fires.
+		stop := runRelay(t, e, r)
+		e.insert(t, event("1", "order.created"), event("2", "order.created"))
+		waitFor(t, "first events published", func() bool { return pending() == 0 })
+		if s := firing(); len(s) != 0 {
+			t.Fatalf("alert fires while the relay runs: %+v", s)
+		}
+
+		// Stopped: the backlog ages past 60 s and the alert fires.
+		stop()
+		e.insert(t, event("3", "order.created"), event("4", "order.paid"))
+		// 90 s pass with the relay down: the rows were committed 90 s ago.
+		mustExec(t, e, fmt.Sprintf(`UPDATE %s SET created_at = $1 WHERE status = 'pending'`, tn("outbox")), time.Now().Add(-90*time.Second).UTC())
+		if age := oldest(); age < 60 {
+			t.Fatalf("oldest pending age %.1fs after 90 s with the relay down, want > 60", age)
+		}
+		s := firing()
+		if len(s) != 1 || s[0].Labels["topic"] != "order.events" || s[0].Value < 60 {
+			t.Fatalf("alert with the relay down: %+v, want order.events above 60 s", s)
+		}
+		// Why the rule reads the ops gauges: the stopped relay's own gauge
+		// is frozen at its last value and would never fire.
+		relayFams, err := relayReg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rs, err := deploy.Eval("max(ferry_outbox_oldest_pending_age_seconds) > 60", relayFams); err != nil || len(rs) != 0 {
+			t.Fatalf("the stopped relay's own gauge: %+v %v (expected frozen below the threshold)", rs, err)
+		}
+
+		// Restarted: the backlog drains and the alert clears.
+		r2, err := relay.New(e.db, pub, relay.WithShardCount(4), relay.WithPollInterval(20*time.Millisecond),
+			relay.WithLeaseTTL(2*time.Second), relay.WithInstanceID("relay-b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runRelay(t, e, r2)
+		waitFor(t, "backlog drained after restart", func() bool { return pending() == 0 })
+		if age := oldest(); age != 0 {
+			t.Fatalf("oldest pending age %.1f after the drain, want 0", age)
+		}
+		if s := firing(); len(s) != 0 {
+			t.Fatalf("alert still fires after recovery: %+v", s)
+		}
+		st, err := o.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var owned int
+		for _, rs := range st.Relays {
+			if rs.InstanceID == "relay-b" {
+				owned = len(rs.OwnedShards)
+			}
+		}
+		if owned != 4 {
+			t.Fatalf("status relays %+v, want relay-b owning 4 shards", st.Relays)
+		}
+	})
+}
