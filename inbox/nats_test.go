@@ -1,0 +1,193 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/migrate"
+)
+
+// natsStack is a real Postgres schema (through pgx) and a real in-process
+// JetStream server with a stream for order events.
+type natsStack struct {
+	drv *pgxv5.Driver
+	url string
+	nc  *nats.Conn
+	pub *natsjs.Publisher
+}
+
+const testStream = "ORDERS"
+
+func newNATSStack(t *testing.T) *natsStack {
+	t.Helper()
+	ctx := context.Background()
+	pg := testenv.NewPostgresSchema(t)
+	drv := pgxv5.New(pg.Pool)
+	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pg.Pool.Exec(ctx, `CREATE TABLE effects (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, tenant_id text NOT NULL,
+		aggregate_id text NOT NULL, seq bigint NOT NULL, event_id text NOT NULL, payload text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	emb, err := natsjs.StartEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emb.Close() })
+	nc, err := natsjs.Connect(emb.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	pub, err := natsjs.NewPublisher(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	if _, err := natsjs.EnsureStream(ctx, pub.JetStream(), natsjs.StreamConfig{Name: testStream, Subjects: []string{"order.events"}}); err != nil {
+		t.Fatal(err)
+	}
+	return &natsStack{drv: drv, url: emb.ClientURL(), nc: nc, pub: pub}
+}
+
+func (s *natsStack) publish(t *testing.T, evs ...ferry.Event) {
+	t.Helper()
+	for _, ev := range evs { // one by one: the order of the test is the order of the stream
+		for _, r := range s.pub.Publish(context.Background(), []ferry.Event{ev}) {
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+		}
+	}
+}
+
+func (s *natsStack) consumer(t *testing.T) *natsjs.Consumer {
+	t.Helper()
+	c, err := natsjs.DialConsumer(context.Background(), s.url, testStream, "shipping", natsjs.WithAckWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func pgxEffect(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
+	_, err := tx.Exec(ctx, `INSERT INTO effects (tenant_id, aggregate_id, seq, event_id, payload) VALUES ($1, $2, $3, $4, $5)`,
+		ev.TenantID, ev.AggregateID, ev.AggregateSeq, ev.ID.String(), string(ev.Payload))
+	return err
+}
+
+func (s *natsStack) inbox(t *testing.T, opts ...Option[pgx.Tx]) *Inbox[pgx.Tx] {
+	t.Helper()
+	opts = append([]Option[pgx.Tx]{WithLogger[pgx.Tx](testLogger(t)), WithBackoff[pgx.Tx](10*time.Millisecond, 100*time.Millisecond)}, opts...)
+	ib, err := New[pgx.Tx](s.drv, "shipping", pgxEffect, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ib
+}
+
+func (s *natsStack) effectSeqs(t *testing.T, eventID string) []int64 {
+	t.Helper()
+	q := `SELECT seq FROM effects ORDER BY id`
+	args := []any{}
+	if eventID != "" {
+		q, args = `SELECT seq FROM effects WHERE event_id = $1 ORDER BY id`, []any{eventID}
+	}
+	rows, err := s.drv.Pool().Query(context.Background(), q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seqs
+}
+
+// runUntil runs ib on a fresh consumer until cond holds (or 20s pass).
+func (s *natsStack) runUntil(t *testing.T, ib *Inbox[pgx.Tx], cond func() bool) {
+	t.Helper()
+	c := s.consumer(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ib.Run(ctx, c) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatalf("condition not reached; stats %+v", ib.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNATSCrashAfterCommitBeforeAck(t *testing.T) {
+	s := newNATSStack(t)
+	ev := event(t, "acme", "o1", 1, `{"n":1}`)
+	s.publish(t, ev)
+	crash := errors.New("kill -9")
+	faulty := s.inbox(t, WithFaults[pgx.Tx](Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
+	if err := faulty.Run(context.Background(), s.consumer(t)); !errors.Is(err, ErrFault) {
+		t.Fatalf("Run with fault: %v", err)
+	}
+	if got := s.effectSeqs(t, ev.ID.String()); len(got) != 1 {
+		t.Fatalf("after crash: effects %v, want the committed one", got)
+	}
+	// Restarted consumer: JetStream redelivers after AckWait; absorbed.
+	restarted := s.inbox(t)
+	s.runUntil(t, restarted, func() bool { return restarted.Stats().Duplicates == 1 })
+	if got := s.effectSeqs(t, ev.ID.String()); len(got) != 1 {
+		t.Fatalf("effects %v, want exactly 1", got)
+	}
+}
+
+func TestNATSCrashBeforeCommit(t *testing.T) {
+	s := newNATSStack(t)
+	ev := event(t, "acme", "o1", 1, `{"n":1}`)
+	s.publish(t, ev)
+	faulty := s.inbox(t, WithFaults[pgx.Tx](Faults{BeforeCommit: func(ferry.Event) error { return errors.New("kill -9") }}))
+	if err := faulty.Run(context.Background(), s.consumer(t)); !errors.Is(err, ErrFault) {
+		t.Fatalf("Run with fault: %v", err)
+	}
+	if got := s.effectSeqs(t, ""); len(got) != 0 {
+		t.Fatalf("rolled back transaction left effects %v", got)
+	}
+	restarted := s.inbox(t)
+	s.runUntil(t, restarted, func() bool { return restarted.Stats().Applied == 1 })
+	if got := s.effectSeqs(t, ev.ID.String()); len(got) != 1 {
+		t.Fatalf("effects %v, want exactly 1", got)
+	}
+}
+
+func TestNATSOrder132(t *testing.T) {
+	s := newNATSStack(t)
+	e1, e2, e3 := event(t, "acme", "o1", 1, "a"), event(t, "acme", "o1", 2, "b"), event(t, "acme", "o1", 3, "c")
+	s.publish(t, e1, e3, e2)
+	ib := s.inbox(t, WithBatch[pgx.Tx](16, 5*time.Millisecond))
+	s.runUntil(t, ib, func() bool { return ib.Stats().Applied == 3 })
+	if got := s.effectSeqs(t, ""); len(got) != 3 || got[0] != 1 || got[1] != 2 || got[2] != 3 {
+		t.Fatalf("effects %v, want [1 2 3]", got)
+	}
+	if st := ib.Stats(); st.Parked[ReasonGap] != 1 {
+		t.Fatalf("stats %+v: event 3 should have been parked once", st)
+	}
+	if ps, _ := ib.ListParked(context.Background(), ParkedFilter{}); len(ps) != 0 {
+		t.Fatalf("open parked: %+v", ps)
+	}
+}
