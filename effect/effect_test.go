@@ -468,6 +468,43 @@ func TestCrashAfterApplySIGKILL(t *testing.T) {
 // ---- outage: breaker, bounded attempts, nothing lost ----
 
 func TestProviderOutage(t *testing.T) {
+	res := runOutage(t, true)
+	if res.succeeded != res.n {
+		t.Fatalf("after recovery: %d of %d succeeded (nothing may be lost)", res.succeeded, res.n)
+	}
+	if res.maxAttempts > res.bound {
+		t.Fatalf("an effect used %d attempts, bound %d", res.maxAttempts, res.bound)
+	}
+	if !strings.Contains(res.transitions, "closed>open") || !strings.Contains(res.transitions, "half_open>closed") {
+		t.Fatalf("breaker transitions %q: want it to open and to close again", res.transitions)
+	}
+	// With the breaker, the outage costs a few probes, not n × attempts.
+	if res.outageAttempts > float64(res.n)/2 {
+		t.Fatalf("%v attempts during the outage for %d intents: the breaker did not hold calls back", res.outageAttempts, res.n)
+	}
+	t.Logf("outage with breaker: %v attempts during 3s of outage; max attempts per effect %d; transitions %s",
+		res.outageAttempts, res.maxAttempts, res.transitions)
+}
+
+// TestProviderOutageWithoutBreaker is the negative control: the same outage
+// with the breaker effectively removed turns into a retry storm — many more
+// attempts, and intents burn their attempt budget while nothing is sent.
+func TestProviderOutageWithoutBreaker(t *testing.T) {
+	res := runOutage(t, false)
+	t.Logf("outage without breaker: %v attempts during 3s of outage, %d of %d failed with attempts exhausted",
+		res.outageAttempts, res.failed, res.n)
+	if res.outageAttempts <= float64(res.n)/2 && res.failed == 0 {
+		t.Fatalf("without the breaker the outage cost only %v attempts and lost nothing: the breaker check cannot fail", res.outageAttempts)
+	}
+}
+
+type outageResult struct {
+	n, bound, maxAttempts, succeeded, failed int
+	outageAttempts                          float64
+	transitions                             string
+}
+
+func runOutage(t *testing.T, withBreaker bool) outageResult {
 	h := pgHarness(t)
 	p := newProvider(t, modeNormal)
 	const n, maxAttempts = 100, 6
@@ -496,13 +533,17 @@ func TestProviderOutage(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	c := httpClient(t, p, effecthttp.WithHTTPClient(&http.Client{Transport: tr}))
 
+	threshold := 5
+	if !withBreaker {
+		threshold = 1 << 30
+	}
 	var mu sync.Mutex
 	var transitions []string
 	reg := prometheus.NewRegistry()
 	w, err := effect.NewWorker(h.ledger, c, c,
 		effect.WithCallTimeout(300*time.Millisecond), effect.WithLease(3*time.Second),
 		effect.WithBackoff(10*time.Millisecond, 200*time.Millisecond), effect.WithPollInterval(20*time.Millisecond),
-		effect.WithMaxAttempts(maxAttempts), effect.WithBreaker(5, 250*time.Millisecond), effect.WithRegisterer(reg), effect.WithLogger(quiet),
+		effect.WithMaxAttempts(maxAttempts), effect.WithBreaker(threshold, 250*time.Millisecond), effect.WithRegisterer(reg), effect.WithLogger(quiet),
 		effect.WithBreakerObserver(func(target string, from, to effect.BreakerState) {
 			mu.Lock()
 			transitions = append(transitions, from.String()+">"+to.String())
@@ -516,7 +557,7 @@ func TestProviderOutage(t *testing.T) {
 	go func() { done <- w.Run(ctx) }()
 
 	time.Sleep(1500 * time.Millisecond) // phase 1: connection refused
-	if w.BreakerState("payments") == effect.BreakerClosed {
+	if withBreaker && w.BreakerState("payments") == effect.BreakerClosed {
 		t.Errorf("breaker closed during a refused-connection outage")
 	}
 	down.Lock()
@@ -530,32 +571,27 @@ func TestProviderOutage(t *testing.T) {
 	<-done
 
 	st := runUntilSettled(t, h, w, time.Minute)
-	if st.ByState[effect.StateSucceeded] != n {
-		t.Fatalf("after recovery: %v, want all %d succeeded (nothing lost)", st.ByState, n)
+	res := outageResult{n: n, bound: maxAttempts, outageAttempts: outageAttempts,
+		succeeded: int(st.ByState[effect.StateSucceeded]), failed: int(st.ByState[effect.StateFailed])}
+	if blind := p.blindRetries(); len(blind) > 0 {
+		t.Fatalf("%d keys re-sent without a status query answering not_found first", len(blind))
 	}
-	checkExactlyOnce(t, p, orders)
+	per := p.chargesPerOrder()
 	ctx = context.Background()
 	for _, o := range orders {
+		if per[o.ID] > 1 {
+			t.Fatalf("order %s charged %d times", o.ID, per[o.ID])
+		}
 		r, _, err := h.ledger.ByKey(ctx, o.Key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Attempts > maxAttempts {
-			t.Fatalf("order %s: %d attempts, bound %d", o.ID, r.Attempts, maxAttempts)
-		}
+		res.maxAttempts = max(res.maxAttempts, r.Attempts)
 	}
 	mu.Lock()
-	defer mu.Unlock()
-	joined := strings.Join(transitions, " ")
-	if !strings.Contains(joined, "closed>open") || !strings.Contains(joined, "half_open>closed") {
-		t.Fatalf("breaker transitions %q: want it to open and to close again", joined)
-	}
-	// Without the breaker every one of n intents would spend attempts every
-	// backoff period through three seconds of outage; with it, a handful.
-	if outageAttempts > n/2 {
-		t.Fatalf("%v attempts during the outage for %d intents: the breaker did not hold calls back", outageAttempts, n)
-	}
-	t.Logf("outage: %v attempts during 3s of outage, transitions %s", outageAttempts, joined)
+	res.transitions = strings.Join(transitions, " ")
+	mu.Unlock()
+	return res
 }
 
 // ---- ledger API ----
