@@ -500,8 +500,8 @@ func TestProviderOutageWithoutBreaker(t *testing.T) {
 
 type outageResult struct {
 	n, bound, maxAttempts, succeeded, failed int
-	outageAttempts                          float64
-	transitions                             string
+	outageAttempts                           float64
+	transitions                              string
 }
 
 func runOutage(t *testing.T, withBreaker bool) outageResult {
