@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/command"
@@ -230,6 +231,52 @@ func runSuite[TTx any](t *testing.T, newDriver func(t *testing.T) driver.Driver[
 			t.Fatalf("ran %d, want 26", ran)
 		}
 	})
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestNegativeControlWithoutRunner runs the same 20 concurrent retries with
+// the command called directly: 20 orders and 20 events. It proves the
+// one-order assertion of ConcurrentRetriesRunOnce can fail.
+func TestNegativeControlWithoutRunner(t *testing.T) {
+	s := testenv.NewPostgresSchema(t)
+	drv := pgxv5.New(s.Pool)
+	setup(t, drv)
+	ctx := context.Background()
+	w, err := outbox.New(drv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tx, err := s.Pool.Begin(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			id := uuid.NewString()
+			if _, err := tx.Exec(ctx, `INSERT INTO orders (id, tenant, body) VALUES ($1, 'acme', 'x')`, id); err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := w.InsertTx(ctx, tx, ferry.Event{TenantID: "acme", AggregateType: "order", AggregateID: id,
+				EventType: "order.created", SchemaVersion: 1, Payload: []byte(`{}`)}); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := count(t, drv.Executor(), `SELECT count(*) FROM orders`); n <= 1 {
+		t.Fatalf("without idempotency keys 20 retries made %d orders; the check cannot fail", n)
+	}
 }
 
 func TestPgx(t *testing.T) {
