@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/broker/cloudevents"
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/relay/cdc"
 )
@@ -401,5 +402,60 @@ func TestPermanentFailureMarksDead(t *testing.T) {
 	}
 	if r.Status().Dead != 1 || gather(t, reg, "ferry_cdc_dead_total") != 1 {
 		t.Fatalf("dead count: Status().Dead %d, ferry_cdc_dead_total %v, want 1", r.Status().Dead, gather(t, reg, "ferry_cdc_dead_total"))
+	}
+}
+
+// Every field survives the trip table → WAL (pgoutput text form) →
+// CloudEvents → broker: the same event the polling relay would publish,
+// including binary payload bytes, headers and microsecond occurred_at.
+func TestEventFieldsRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	n := startNATS(t, 0)
+	h.start(n.publisher())
+	in := ferry.Event{TenantID: "tenant-1", AggregateType: "order", AggregateID: "o-42.x_y", EventType: "order.created",
+		SchemaVersion: 3, ContentType: "application/octet-stream", Payload: []byte{0, 1, 2, 0xff, 0xfe, '\\', 'x', '\n'},
+		OccurredAt: time.Date(2026, 11, 30, 12, 34, 56, 123456000, time.UTC),
+		Headers: ferry.Headers{Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", CorrelationID: "corr-1",
+			CausationID: "cause-1", Principal: "user:alice", Action: "order.create", Target: "order/42"}}
+	out, err := h.w.Insert(ctx, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := out[0]
+	nc, err := natsjs.Connect(n.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msg *jetstream.RawStreamMsg
+	waitFor(t, 10*time.Second, "message stored", func() bool {
+		s, err := js.Stream(ctx, n.stream)
+		if err != nil {
+			return false
+		}
+		msg, err = s.GetMsg(ctx, 1)
+		return err == nil
+	})
+	hdr := map[string]string{}
+	for k, v := range msg.Header {
+		hdr[strings.ToLower(k)] = v[0]
+	}
+	got, err := cloudevents.Decode(cloudevents.NATS, hdr, msg.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.OccurredAt.Equal(want.OccurredAt) {
+		t.Fatalf("occurred_at %v, want %v", got.OccurredAt, want.OccurredAt)
+	}
+	got.OccurredAt = want.OccurredAt
+	// The topic is the message's subject; the shard is not on the wire.
+	got.Topic, want.Shard = msg.Subject, 0
+	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
+		t.Fatalf("decoded event differs:\n got %+v\nwant %+v", got, want)
 	}
 }
