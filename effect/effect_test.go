@@ -674,3 +674,73 @@ func TestWorkerConfigRefused(t *testing.T) {
 		t.Fatalf("lease < 2×timeout: %v", err)
 	}
 }
+
+// TestMetricsAndUnknownAge drives one intent to unknown with a provider that
+// cannot answer, and checks the documented metric names and the oldest
+// unknown age (with an injected clock, so the figure is exact).
+func TestMetricsAndUnknownAge(t *testing.T) {
+	db, _ := testenv.NewSQLite(t)
+	drv := databasesql.New(db, driver.SQLite)
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	l, err := effect.NewLedger(drv, effect.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Record(ctx, effect.Intent{Consumer: "c", EventID: uuid.Must(uuid.NewV7()), Step: "s", Target: "payments", Operation: "charge"}); err != nil {
+		t.Fatal(err)
+	}
+	exec := effect.ExecutorFunc(func(context.Context, effect.Intent) (effect.Result, error) {
+		return effect.Result{}, errors.New("read: connection reset by peer")
+	})
+	rec := effect.ReconcilerFunc(func(context.Context, effect.Intent) (effect.Status, error) {
+		return effect.Status{Lookup: effect.LookupUnknown}, nil
+	})
+	reg := prometheus.NewRegistry()
+	w, err := effect.NewWorker(l, exec, rec, effect.WithRegisterer(reg), effect.WithLogger(quiet), effect.WithBackoff(time.Millisecond, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := w.Work(ctx); err != nil || n != 1 {
+		t.Fatalf("work: %d %v", n, err)
+	}
+	advance(time.Second)
+	if n, err := w.Work(ctx); err != nil || n != 1 { // reconcile: still unknown
+		t.Fatalf("work: %d %v", n, err)
+	}
+	advance(89 * time.Second)
+	if err := w.RefreshStats(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := sumMetric(t, reg, "ferry_effect_oldest_unknown_age_seconds"); got != 90 {
+		t.Fatalf("oldest unknown age %v, want 90", got)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+	}
+	for _, want := range []string{"ferry_effect_intents", "ferry_effect_oldest_unknown_age_seconds", "ferry_effect_reconciliations_total",
+		"ferry_effect_attempts_total", "ferry_effect_breaker_state"} {
+		if !names[want] {
+			t.Errorf("metric %s not exported (have %v)", want, names)
+		}
+	}
+	r, err := l.ByEvent(ctx, uuid.Nil)
+	if err != nil || len(r) != 0 {
+		t.Fatalf("ByEvent of an unknown event: %v %v", r, err)
+	}
+	st, err := l.Stats(ctx)
+	if err != nil || st.ByState[effect.StateUnknown] != 1 || st.OldestUnknown != 90*time.Second {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+}
