@@ -35,3 +35,15 @@ ALTER TABLE {{.T "outbox"}} ADD COLUMN discarded_at timestamptz;
 ALTER TABLE {{.T "outbox"}} ADD COLUMN discard_audit_id bigint;
 -- DLQ listing and dead-letter cleanup by age.
 CREATE INDEX {{.I "outbox_dead_idx"}} ON {{.T "outbox"}} (created_at, id) WHERE status = 'dead';
+
+-- Replay requests for parked messages. `ferry parked replay|release-gap`
+-- runs in an operator's shell, which has neither the consumer's handler nor
+-- its authorization code, so it does not replay: it marks the rows, and the
+-- consumer process (ops.ServeReplayRequests around its inbox) replays them
+-- through inbox.Replay / inbox.ReleaseGap, i.e. through the consumer's
+-- current schema, authorization, dedup and cursor checks. The audit id links
+-- the request to the operator's audit row.
+ALTER TABLE {{.T "inbox_parked"}} ADD COLUMN replay_requested_at timestamptz;
+ALTER TABLE {{.T "inbox_parked"}} ADD COLUMN replay_request text NOT NULL DEFAULT '' CHECK (replay_request IN ('', 'replay', 'release_gap'));
+ALTER TABLE {{.T "inbox_parked"}} ADD COLUMN replay_audit_id bigint;
+CREATE INDEX {{.I "inbox_parked_replay_idx"}} ON {{.T "inbox_parked"}} (consumer, id) WHERE replay_requested_at IS NOT NULL;

@@ -25,3 +25,9 @@ INSERT INTO {{.T "ops_settings"}} (name, value_seconds) VALUES
 ALTER TABLE {{.T "outbox"}} ADD COLUMN discarded_at TIMESTAMP;
 ALTER TABLE {{.T "outbox"}} ADD COLUMN discard_audit_id INTEGER;
 CREATE INDEX {{.I "outbox_dead_idx"}} ON {{.Bare "outbox"}} (created_at, id) WHERE status = 'dead';
+
+-- Replay requests for parked messages (see the Postgres file).
+ALTER TABLE {{.T "inbox_parked"}} ADD COLUMN replay_requested_at TIMESTAMP;
+ALTER TABLE {{.T "inbox_parked"}} ADD COLUMN replay_request TEXT NOT NULL DEFAULT '' CHECK (replay_request IN ('', 'replay', 'release_gap'));
+ALTER TABLE {{.T "inbox_parked"}} ADD COLUMN replay_audit_id INTEGER;
+CREATE INDEX {{.I "inbox_parked_replay_idx"}} ON {{.Bare "inbox_parked"}} (consumer, id) WHERE replay_requested_at IS NOT NULL;
