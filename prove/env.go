@@ -42,7 +42,7 @@ type env struct {
 	pubURL string
 
 	// fault plan state: a planned fault fires once per event.
-	fired sync.Map // key fault/event id -> struct{}
+	fired  sync.Map // key fault/event id -> struct{}
 	faults atomic.Int64
 }
 

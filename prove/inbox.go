@@ -240,7 +240,7 @@ ON CONFLICT (consumer, tenant_id, aggregate_type, aggregate_id) DO UPDATE SET la
 		return fmt.Errorf("inbox: cursor: %w", err)
 	}
 	if e.EventType == "order.paid" && !c.inlineEffect {
-		if _, err := ex.Exec(ctx, `INSERT INTO prove_ledger (idem_key, event_id, tenant_id, order_id, status, updated_at) VALUES ($1, $2, $3, $4, 'pending', $5)`,
+		if _, err := ex.Exec(ctx, `INSERT INTO prove_ledger (idem_key, event_id, tenant_id, order_id, status, updated_at) VALUES ($1, $2, $3, $4, 'pending', $5) ON CONFLICT DO NOTHING`,
 			key(id), id, e.TenantID, e.AggregateID, now); err != nil {
 			return fmt.Errorf("inbox: ledger: %w", err)
 		}

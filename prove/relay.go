@@ -143,6 +143,7 @@ func (r *refRelay) shard(ctx context.Context, shard int, fence int64) (int, erro
 		return 0, err
 	}
 	if r.pauseOnce != nil && r.pauseOnce.CompareAndSwap(true, false) {
+		r.env.faults.Add(1)
 		r.env.log.Debug("prove: relay paused past its lease", slog.String("relay", r.id), slog.Int("shard", shard))
 		select {
 		case <-ctx.Done():

@@ -64,7 +64,13 @@ func allScenarios() []*scenario {
 		{name: "consumer-ack-loss", desc: "consumer commits, then crashes before the ack; the redelivery is absorbed",
 			plan: planOptions{rollbackRate: 0.05, faultRates: map[int]float64{faultAckLoss: 0.03}}, relays: oneRelay},
 		{name: "concurrent-relays", desc: "three relays share the shards by lease; one stalls past its lease and is fenced",
-			plan: planOptions{rollbackRate: 0.05}, relays: 3, pauseRelay: true},
+			plan: planOptions{rollbackRate: 0.05}, relays: 3, pauseRelay: true,
+			extra: func(e *env, f *Figures, _ *truth) []string {
+				if f.FencedWrites == 0 {
+					return []string{"the stalled relay's late mark was not fenced (or it never stalled)"}
+				}
+				return nil
+			}},
 		{name: "duplicate-delivery", desc: "the broker delivers copies of published events under new message ids",
 			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, duplicates: 25},
 		{name: "sequence-gap-reorder", desc: "the consumer sees later events of an aggregate first: park as gap, heal in order",
@@ -248,10 +254,7 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 	pause.Store(sc.pauseRelay)
 	for i := 0; i < sc.relays; i++ {
 		name := fmt.Sprintf("relay-%d", i)
-		var po *atomic.Bool
-		if i == 0 {
-			po = pause
-		}
+		po := pause // the first relay to fetch rows stalls
 		supervise(runCtx, &wg, e.log, name, func(ctx context.Context) error {
 			pub, err := e.newPublisher()
 			if err != nil {
@@ -263,8 +266,11 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 			return r.run(ctx)
 		})
 	}
+	killsDone := make(chan struct{})
 	if sc.sigkill {
-		startSigkillRelay(runCtx, &wg, e)
+		startSigkillRelay(runCtx, &wg, e, killsDone)
+	} else {
+		close(killsDone)
 	}
 	inbox := &refInbox{env: e, maxAttempts: 3, nonAtomic: sc.nonAtomic, inlineEffect: sc.inlineEffect}
 	startConsumer := func() {
@@ -317,6 +323,16 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 			return Figures{}, nil, "", fmt.Errorf("prove: revoke: %w", err)
 		}
 		startConsumer()
+	}
+	select {
+	case <-killsDone:
+	case <-runCtx.Done():
+	}
+	if sc.pauseRelay {
+		// The stalled relay wakes after 3 lease periods and must be fenced.
+		for i := 0; i < 100 && e.rec.fencedMarks.Load() == 0; i++ {
+			sleepCtx(runCtx, 50*time.Millisecond)
+		}
 	}
 	if err := forge(runCtx, e); err != nil {
 		return Figures{}, nil, "", err
@@ -372,7 +388,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // broken pipeline never finishes), or the duration runs out.
 func settle(ctx context.Context, e *env, cfg *config) {
 	deadline := time.Now().Add(cfg.duration)
-	stall := max(3*time.Second, 4*cfg.ackWait)
+	stall := max(1500*time.Millisecond, 3*cfg.ackWait)
 	var lastState string
 	lastChange := time.Now()
 	for ctx.Err() == nil && time.Now().Before(deadline) {

@@ -3,16 +3,17 @@ package prove
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 )
 
 func TestTry(t *testing.T) {
-	rep, err := Run(context.Background(), WithEvents(200), WithAggregates(10), WithScenarios(os.Getenv("SC")), WithProgress(os.Stderr))
+	rep, err := Run(context.Background(), WithEvents(200), WithAggregates(10), WithScenarios(strings.Fields(os.Getenv("SC"))...), WithProgress(os.Stderr))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rep.WriteTable(os.Stdout)
 	for _, r := range rep.Results {
-		t.Logf("%s %s %v", r.Scenario, r.Status, r.Violations)
+		t.Logf("%s %s %s %d", r.Scenario, r.Status, r.Elapsed, r.Figures.FencedWrites)
 	}
 }

@@ -2,7 +2,136 @@ package prove
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/driver/databasesql"
 )
 
-func startSigkillRelay(ctx context.Context, wg *sync.WaitGroup, e *env) {}
+// WorkerEnv names the environment variable that turns a process into a
+// prove worker: its value is the job, as JSON. The parent sets it when it
+// starts a worker subprocess; nothing else should.
+const WorkerEnv = "FERRY_PROVE_WORKER"
+
+// ErrNotWorker is returned by RunWorker in a process that was not started
+// as a worker.
+var ErrNotWorker = errors.New("prove: not started as a worker (" + WorkerEnv + " unset)")
+
+type workerJob struct {
+	Role        string `json:"role"` // "relay"
+	DatabaseURL string `json:"database_url"`
+	NATSURL     string `json:"nats_url"`
+	Stream      string `json:"stream"`
+	ID          string `json:"id"`
+}
+
+// IsWorker reports whether this process was started as a prove worker.
+// A test binary's TestMain (or a main) calls RunWorker when it is.
+func IsWorker() bool { return os.Getenv(WorkerEnv) != "" }
+
+// RunWorker runs the job the parent put in WorkerEnv — today the
+// reference relay — until ctx ends or the process is killed, which is the
+// point: the parent SIGKILLs it at random moments and starts another.
+func RunWorker(ctx context.Context) error {
+	raw := os.Getenv(WorkerEnv)
+	if raw == "" {
+		return ErrNotWorker
+	}
+	var job workerJob
+	if err := json.Unmarshal([]byte(raw), &job); err != nil {
+		return fmt.Errorf("prove: worker job: %w", err)
+	}
+	if job.Role != "relay" {
+		return fmt.Errorf("prove: worker role %q: only \"relay\" is supported", job.Role)
+	}
+	var db *sql.DB
+	var dialect driver.Dialect
+	var err error
+	if path, ok := strings.CutPrefix(job.DatabaseURL, "sqlite:"); ok {
+		db, err = databasesql.OpenSQLite(path)
+		dialect = driver.SQLite
+	} else {
+		db, err = sql.Open("pgx", job.DatabaseURL)
+		dialect = driver.Postgres
+	}
+	if err != nil {
+		return fmt.Errorf("prove: worker database: %w", err)
+	}
+	defer db.Close()
+	e := &env{db: &database{db: db, drv: databasesql.New(db, dialect), dialect: dialect, drop: func() {}},
+		stream: &natsStream{url: job.NATSURL, name: job.Stream}, pubURL: job.NATSURL,
+		plan: &plan{events: map[string]*plannedEvent{}}, log: slog.New(slog.DiscardHandler),
+		rec: newRecorder(), metrics: newMetrics(prometheus.NewRegistry())}
+	pub, err := e.newPublisher()
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	r := &refRelay{env: e, id: job.ID, pub: pub, ttl: 300 * time.Millisecond, held: map[int]int64{}}
+	return r.run(ctx)
+}
+
+// sigkillKills is how many times the relay subprocess is killed.
+const sigkillKills = 6
+
+// startSigkillRelay runs the relay as a subprocess and SIGKILLs it
+// sigkillKills times at seeded random moments, restarting it each time;
+// the last one runs until the scenario ends. killsDone is closed after the
+// last kill.
+func startSigkillRelay(ctx context.Context, wg *sync.WaitGroup, e *env, killsDone chan<- struct{}) {
+	s1, s2 := seedFor(e.cfg.seed, e.sc.name+"/sigkill")
+	rng := rand.New(rand.NewPCG(s1, s2))
+	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, NATSURL: e.pubURL, Stream: e.stream.name})
+	argv := e.cfg.worker
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		kills := 0
+		defer func() {
+			if kills < sigkillKills {
+				close(killsDone)
+			}
+		}()
+		for i := 0; ctx.Err() == nil; i++ {
+			j := strings.Replace(string(job), `"id":""`, fmt.Sprintf(`"id":"relay-proc-%d"`, i), 1)
+			cmd := exec.Command(argv[0], argv[1:]...)
+			cmd.Env = append(os.Environ(), WorkerEnv+"="+j)
+			if err := cmd.Start(); err != nil {
+				e.rec.err(fmt.Errorf("prove: start worker: %w", err))
+				sleepCtx(ctx, 200*time.Millisecond)
+				continue
+			}
+			exited := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(exited) }()
+			var timer <-chan time.Time
+			if kills < sigkillKills {
+				timer = time.After(150*time.Millisecond + time.Duration(rng.Int64N(int64(350*time.Millisecond))))
+			}
+			select {
+			case <-ctx.Done():
+			case <-exited:
+				continue
+			case <-timer:
+				kills++
+				e.faults.Add(1)
+			}
+			_ = cmd.Process.Kill() // SIGKILL: no deferred cleanup, no graceful anything
+			<-exited
+			if kills == sigkillKills && timer != nil {
+				close(killsDone)
+			}
+		}
+	}()
+}
