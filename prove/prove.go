@@ -46,6 +46,8 @@ type config struct {
 	logger      *slog.Logger
 	worker      []string
 	ackWait     time.Duration
+
+	referenceRelay bool // prove's own relay instead of package relay
 }
 
 // Option configures Run.
@@ -99,6 +101,11 @@ func WithProgress(w io.Writer) Option { return func(c *config) { c.progress = w 
 // WithLogger sets where the pipeline's components log. Default: discard.
 // The payload-leakage scenario always captures its own.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithReferenceRelay runs prove's built-in reference relay instead of
+// package relay (a second implementation of the same contract, kept to
+// cross-check the real one and for stacks the real one does not support).
+func WithReferenceRelay() Option { return func(c *config) { c.referenceRelay = true } }
 
 // WithWorkerCommand is the argv that starts this program as a prove worker
 // subprocess (for `ferry`: the executable plus "prove", "worker"). Without

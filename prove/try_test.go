@@ -8,7 +8,7 @@ import (
 )
 
 func TestTry(t *testing.T) {
-	rep, err := Run(context.Background(), WithEvents(200), WithAggregates(10), WithScenarios(strings.Fields(os.Getenv("SC"))...), WithProgress(os.Stderr))
+	rep, err := Run(context.Background(), WithEvents(200), WithAggregates(10), WithScenarios(strings.Fields(os.Getenv("SC"))...), WithProgress(os.Stderr), WithWorkerCommand(os.Args[0], "-test.run=^$"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,7 @@ type workerJob struct {
 	NATSURL     string `json:"nats_url"`
 	Stream      string `json:"stream"`
 	ID          string `json:"id"`
+	Reference   bool   `json:"reference,omitempty"`
 }
 
 // IsWorker reports whether this process was started as a prove worker.
@@ -73,14 +74,18 @@ func RunWorker(ctx context.Context) error {
 	e := &env{db: &database{db: db, drv: databasesql.New(db, dialect), dialect: dialect, drop: func() {}},
 		stream: &natsStream{url: job.NATSURL, name: job.Stream}, pubURL: job.NATSURL,
 		plan: &plan{events: map[string]*plannedEvent{}}, log: slog.New(slog.DiscardHandler),
-		rec: newRecorder(), metrics: newMetrics(prometheus.NewRegistry())}
-	pub, err := e.newPublisher()
-	if err != nil {
-		return err
+		rec: newRecorder(), reg: prometheus.NewRegistry()}
+	e.metrics = newMetrics(e.reg)
+	if job.Reference {
+		pub, err := e.newPublisher()
+		if err != nil {
+			return err
+		}
+		defer pub.Close()
+		r := &refRelay{env: e, id: job.ID, pub: pub, ttl: relayTTL, held: map[int]int64{}}
+		return r.run(ctx)
 	}
-	defer pub.Close()
-	r := &refRelay{env: e, id: job.ID, pub: pub, ttl: 300 * time.Millisecond, held: map[int]int64{}}
-	return r.run(ctx)
+	return e.runRealRelay(ctx, job.ID, relayFaults{})
 }
 
 // sigkillKills is how many times the relay subprocess is killed.
@@ -93,7 +98,7 @@ const sigkillKills = 6
 func startSigkillRelay(ctx context.Context, wg *sync.WaitGroup, e *env, killsDone chan<- struct{}) {
 	s1, s2 := seedFor(e.cfg.seed, e.sc.name+"/sigkill")
 	rng := rand.New(rand.NewPCG(s1, s2))
-	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, NATSURL: e.pubURL, Stream: e.stream.name})
+	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, NATSURL: e.pubURL, Stream: e.stream.name, Reference: e.cfg.referenceRelay})
 	argv := e.cfg.worker
 	wg.Add(1)
 	go func() {
@@ -105,7 +110,7 @@ func startSigkillRelay(ctx context.Context, wg *sync.WaitGroup, e *env, killsDon
 			}
 		}()
 		for i := 0; ctx.Err() == nil; i++ {
-			j := strings.Replace(string(job), `"id":""`, fmt.Sprintf(`"id":"relay-proc-%d"`, i), 1)
+			j := strings.Replace(string(job), `"id":"",`, fmt.Sprintf(`"id":"relay-proc-%d",`, i), 1)
 			cmd := exec.Command(argv[0], argv[1:]...)
 			cmd.Env = append(os.Environ(), WorkerEnv+"="+j)
 			if err := cmd.Start(); err != nil {

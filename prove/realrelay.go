@@ -1,0 +1,99 @@
+package prove
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/relay"
+)
+
+// relayTTL is the lease TTL prove gives relays: short, so takeovers after
+// a crash or a stall happen within a test's patience (the relay's floor).
+const relayTTL = 300 * time.Millisecond
+
+// relayFaults are the in-process fault points prove drives through the
+// real relay's relay.Faults hooks.
+type relayFaults struct {
+	pause         *atomic.Bool // first batch stalls 3 lease periods
+	markBeforeAck bool         // emulate the broken build through the hook
+}
+
+// runRealRelay runs one instance of the real relay (package relay) until
+// ctx ends or a planned fault crashes it.
+func (e *env) runRealRelay(ctx context.Context, name string, rf relayFaults) error {
+	pub, err := e.newPublisher()
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	id := name + "-" + randHex(3)
+	faults := relay.Faults{
+		BeforePublish: func(ctx context.Context, events []ferry.Event) error {
+			if rf.pause != nil && rf.pause.CompareAndSwap(true, false) {
+				e.faults.Add(1)
+				e.log.Debug("prove: relay stalled past its lease", "relay_instance", id)
+				sleepCtx(ctx, 3*relayTTL)
+			}
+			if rf.markBeforeAck {
+				// The broken build: rows marked sent before the broker
+				// acked; a crash here loses them.
+				if err := e.markSent(ctx, events); err != nil {
+					return err
+				}
+				for _, ev := range events {
+					if e.fire(faultRelayCrash, ev.ID.String()) {
+						return errCrash
+					}
+				}
+			}
+			return nil
+		},
+		AfterPublishBeforeMark: func(_ context.Context, events []ferry.Event, _ []broker.Result) error {
+			for _, ev := range events {
+				if e.fire(faultRelayCrash, ev.ID.String()) {
+					return errCrash
+				}
+			}
+			return nil
+		},
+	}
+	r, err := relay.New(e.db.drv, pub,
+		relay.WithShardCount(proveShards), relay.WithInstanceID(id),
+		relay.WithPollInterval(20*time.Millisecond), relay.WithLeaseTTL(relayTTL),
+		relay.WithBackoff(20*time.Millisecond, time.Second), relay.WithProbe(50*time.Millisecond, time.Second),
+		relay.WithPublishTimeout(2*time.Second), relay.WithBatchSize(200),
+		relay.WithLogger(e.log), relay.WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"prove_instance": id}, e.reg)),
+		relay.WithFaults(faults))
+	if err != nil {
+		return fmt.Errorf("prove: relay: %w", err)
+	}
+	err = r.Run(ctx)
+	st := r.Status()
+	e.rec.fencedMarks.Add(int64(st.Fenced))
+	return err
+}
+
+// markSent is the broken relay's premature mark.
+func (e *env) markSent(ctx context.Context, events []ferry.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	args := []any{time.Now().UTC()}
+	ph := make([]string, len(events))
+	for i, ev := range events {
+		args = append(args, ev.ID.String())
+		ph[i] = fmt.Sprintf("$%d", i+2)
+	}
+	_, err := e.db.drv.Executor().Exec(ctx, `UPDATE ferry_outbox SET status = 'sent', published_at = $1 WHERE event_id IN (`+strings.Join(ph, ", ")+`)`, args...)
+	if err != nil {
+		return fmt.Errorf("prove: premature mark: %w", err)
+	}
+	return nil
+}
