@@ -514,4 +514,3 @@ func times(n int) string {
 	}
 	return fmt.Sprintf("%d times", n)
 }
-

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferryhq/ferry/ops"
+)
+
+func newCleanupCmd() *cobra.Command {
+	var f opsFlags
+	var af approvalFlags
+	var opts ops.CleanupOptions
+	var minWindow ops.Window
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Delete old sent outbox rows, inbox rows and finished effects in small batches, never inside the replay window",
+		Long: `cleanup deletes, in batches of --batch-size rows chosen by primary key (each
+batch its own short transaction; on Postgres SKIP LOCKED so it never waits
+behind the relay):
+
+  - sent outbox rows published more than --older-than ago;
+  - discarded dead letters, only with --include-discarded (dead letters that
+    were not discarded are never deleted);
+  - inbox dedup rows applied more than --inbox-older-than ago (default: the
+    outbox retention) and resolved parked messages; cursors are kept;
+  - succeeded and failed effect-ledger rows (never pending, in-flight or
+    unknown ones).
+
+It REFUSES any retention shorter than the replay window — the broker's dedup
+window and the inbox's replay horizon, stored in the ops_settings table (see
+'ferry cleanup window') and raised, never lowered, by --min-broker-dedup-window
+and --min-inbox-replay-horizon — because deleting a dedup row while its event
+can still be redelivered or replayed applies that event twice. Inbox
+retention must also be at least the outbox retention.
+
+Previews (counts) by default; --approve deletes and writes an audit row.`,
+		Example: `  ferry cleanup --older-than 192h
+  ferry cleanup --older-than 192h --batch-size 1000 --pause 50ms --approve --reason "nightly"`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, o, err := f.open(cmd, ops.WithMinimumWindow(minWindow))
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			res, err := o.Cleanup(cmd.Context(), opts, af.approval())
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), res)
+			}
+			w := cmd.OutOrStdout()
+			verb := "deleted"
+			if res.DryRun {
+				verb = "would delete (DRY RUN; re-run with --approve --reason \"…\")"
+			}
+			fmt.Fprintf(w, "cleanup %s: outbox %d, discarded dead letters %d, inbox %d, resolved parked %d, effects %d",
+				verb, res.Outbox, res.Discarded, res.Inbox, res.ResolvedParked, res.Effects)
+			if !res.DryRun {
+				fmt.Fprintf(w, " in %d batches (audit #%d)", res.Batches, res.AuditID)
+			}
+			fmt.Fprintln(w)
+			fmt.Fprintf(w, "replay window: broker dedup %s, inbox replay horizon %s\n", res.Window.BrokerDedupWindow, res.Window.InboxReplayHorizon)
+			if len(res.Skipped) > 0 {
+				fmt.Fprintf(w, "not installed, skipped: %s\n", strings.Join(res.Skipped, ", "))
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	af.register(cmd)
+	fl := cmd.Flags()
+	fl.DurationVar(&opts.Retention, "older-than", 0, "outbox retention: delete sent rows published longer ago than this (required)")
+	fl.DurationVar(&opts.InboxRetention, "inbox-older-than", 0, "inbox retention (default: --older-than; never shorter)")
+	fl.DurationVar(&opts.EffectRetention, "effects-older-than", 0, "finished effect retention (default: the inbox retention)")
+	fl.BoolVar(&opts.IncludeDiscarded, "include-discarded", false, "also delete discarded dead letters older than --older-than")
+	fl.IntVar(&opts.BatchSize, "batch-size", ops.DefaultCleanupBatch, fmt.Sprintf("rows per DELETE (at most %d)", ops.MaxCleanupBatch))
+	fl.IntVar(&opts.MaxBatches, "max-batches", 0, "stop after this many batches per table (0: until done)")
+	fl.DurationVar(&opts.Pause, "pause", 0, "sleep between batches")
+	fl.DurationVar(&minWindow.BrokerDedupWindow, "min-broker-dedup-window", 0, "raise the broker dedup window the guard uses (never lowers the stored setting)")
+	fl.DurationVar(&minWindow.InboxReplayHorizon, "min-inbox-replay-horizon", 0, "raise the inbox replay horizon the guard uses")
+	cmd.AddCommand(newCleanupWindowCmd())
+	return cmd
+}
+
+func newCleanupWindowCmd() *cobra.Command {
+	var f opsFlags
+	var af approvalFlags
+	var w ops.Window
+	var set bool
+	cmd := &cobra.Command{
+		Use:   "window",
+		Short: "Show the replay window cleanup enforces, or store a new one (--set, audited)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, o, err := f.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			out := cmd.OutOrStdout()
+			if !set {
+				cur, err := o.ReplayWindow(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if f.json {
+					return printJSON(out, cur)
+				}
+				fmt.Fprintf(out, "broker dedup window %s, inbox replay horizon %s: cleanup refuses retention below %s\n", cur.BrokerDedupWindow, cur.InboxReplayHorizon, cur.Min())
+				return nil
+			}
+			res, err := o.SetReplayWindow(cmd.Context(), w, af.approval())
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(out, res)
+			}
+			if res.DryRun {
+				fmt.Fprintf(out, "DRY RUN: would set broker dedup window %s, inbox replay horizon %s. Re-run with --approve --reason \"…\".\n", w.BrokerDedupWindow, w.InboxReplayHorizon)
+			} else {
+				fmt.Fprintf(out, "stored broker dedup window %s, inbox replay horizon %s (audit #%d)\n", w.BrokerDedupWindow, w.InboxReplayHorizon, res.AuditID)
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	af.register(cmd)
+	cmd.Flags().BoolVar(&set, "set", false, "store the window given by --broker-dedup-window and --inbox-replay-horizon")
+	cmd.Flags().DurationVar(&w.BrokerDedupWindow, "broker-dedup-window", 2*time.Minute, "the broker's dedup/redelivery window")
+	cmd.Flags().DurationVar(&w.InboxReplayHorizon, "inbox-replay-horizon", 7*24*time.Hour, "how far back events may be redelivered or replayed to consumers")
+	return cmd
+}
