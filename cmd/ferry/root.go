@@ -21,6 +21,7 @@ environment, e.g. FERRY_DATABASE_URL.`,
 		newMigrateCmd(),
 		newDemoCmd(),
 		newBenchCmd(),
+		newProveCmd(),
 		newStatusCmd(), newDLQCmd(), newParkedCmd(), newReplayCmd(), newCleanupCmd(), newEvidenceCmd(),
 	)
 	return root
