@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -206,7 +205,7 @@ func Run(ctx context.Context, opts ...Option) (*Report, error) {
 		return nil, err
 	}
 	if cfg.logger == nil {
-		cfg.logger = slog.New(slog.DiscardHandler)
+		cfg.logger = discardLogger()
 	}
 	names := cfg.scenarios
 	if len(names) == 0 {
@@ -296,4 +295,4 @@ func (p *progress) done() {
 	}
 }
 
-var _ = os.Stderr
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

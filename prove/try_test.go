@@ -17,3 +17,9 @@ func TestTry(t *testing.T) {
 		t.Logf("%s %s %s %d", r.Scenario, r.Status, r.Elapsed, r.Figures.FencedWrites)
 	}
 }
+
+func TestTryDemo(t *testing.T) {
+	if _, err := RunDemo(context.Background(), os.Stdout); err != nil {
+		t.Fatal(err)
+	}
+}
