@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/user"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -62,8 +63,15 @@ func (f *approvalFlags) register(cmd *cobra.Command) {
 
 func (f *approvalFlags) approval() ops.Approval {
 	actor := f.actor
+	for _, env := range []string{"USER", "LOGNAME"} {
+		if actor == "" {
+			actor = os.Getenv(env)
+		}
+	}
 	if actor == "" {
-		actor = os.Getenv("USER")
+		if u, err := user.Current(); err == nil {
+			actor = u.Username
+		}
 	}
 	return ops.Approval{Approve: f.approve, Actor: actor, Reason: f.reason}
 }
