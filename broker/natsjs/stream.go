@@ -114,8 +114,8 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 	return s, nil
 }
 
-// CheckStream verifies that the stream exists, is file-backed, has a
-// duplicate window, at least cfg.Replicas replicas and captures every
+// CheckStream verifies that the stream exists, is file-backed, does not
+// use asynchronous persistence (server 2.12+), has a duplicate window, at least cfg.Replicas replicas and captures every
 // subject in cfg.Subjects (listed verbatim in its configuration). The relay
 // calls it at start and refuses to run on a stream that could lose or
 // double-store acknowledged events; --provision creates the stream with
@@ -141,6 +141,9 @@ func checkInfo(info *jetstream.StreamInfo, want StreamConfig) error {
 	}
 	if c.Storage != jetstream.FileStorage {
 		return bad("storage is %s, want file (memory streams lose acknowledged events on restart)", c.Storage)
+	}
+	if c.PersistMode == jetstream.AsyncPersistMode {
+		return bad("uses persist_mode async (acknowledged before written; server 2.12+ option)")
 	}
 	if c.Duplicates <= 0 {
 		return bad("has no duplicate window (a re-published event would be stored twice)")

@@ -67,6 +67,21 @@ func TestEnsureAndCheckStream(t *testing.T) {
 	}
 }
 
+// TestCheckStreamRejectsAsyncPersist needs server 2.12+, so it runs on the
+// embedded server only.
+func TestCheckStreamRejectsAsyncPersist(t *testing.T) {
+	emb := startEmbedded(t)
+	nc := connect(t, emb.ClientURL())
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ASYNC", Subjects: []string{"async.>"}, Storage: jetstream.FileStorage, PersistMode: jetstream.AsyncPersistMode}); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckStream(ctx, js, StreamConfig{Name: "ASYNC"}); !errors.Is(err, ErrStreamNotDurable) {
+		t.Fatalf("async persist stream: %v, want ErrStreamNotDurable", err)
+	}
+}
+
 func TestStreamConfigValidation(t *testing.T) {
 	emb := startEmbedded(t)
 	nc := connect(t, emb.ClientURL())
