@@ -136,7 +136,8 @@ func TestBrokerDown(t *testing.T) {
 			h := newHarness(t)
 			n := startNATS(t, 0)
 			pub := &failCounting{countingPublisher: newCounting(n.publisher())}
-			_, stop := h.start(pub, cdc.WithFaults(tc.faults))
+			reg := prometheus.NewRegistry()
+			r, stop := h.start(pub, cdc.WithFaults(tc.faults), cdc.WithRegisterer(reg), cdc.WithLagAlert(1<<40, 500*time.Millisecond))
 			before := h.insert(ctx, 10, 3)
 			n.read(10*time.Second, allDelivered(before))
 			waitFor(t, 10*time.Second, "rows marked sent", func() bool { return h.statusCounts(ctx)["sent"] == 10 })
@@ -159,6 +160,22 @@ func TestBrokerDown(t *testing.T) {
 			time.Sleep(time.Second)
 			if d := pub.calls.Load() - calls; d > 15 {
 				t.Errorf("%d publish attempts in 1s of outage: retry storm (backoff max 300ms)", d)
+			}
+			if !tc.wantLoss {
+				// The stuck slot shows as lag and raises the age alert.
+				st := r.Status()
+				if st.LagBytes <= 0 || st.LagSeconds < 1 || st.WALStatus == "" {
+					t.Errorf("during the outage Status() = lag %d bytes, %.1fs, wal_status %q; want positive lag, >= 1s", st.LagBytes, st.LagSeconds, st.WALStatus)
+				}
+				if got := gather(t, reg, "ferry_cdc_slot_lag_bytes"); got <= 0 {
+					t.Errorf("ferry_cdc_slot_lag_bytes = %v during the outage, want > 0", got)
+				}
+				if got := gather(t, reg, "ferry_cdc_lag_alerts_total"); got < 1 {
+					t.Errorf("ferry_cdc_lag_alerts_total = %v, want >= 1 (age threshold 500ms)", got)
+				}
+				if got := gather(t, reg, "ferry_cdc_publish_retries_total"); got < 1 {
+					t.Errorf("ferry_cdc_publish_retries_total = %v, want >= 1", got)
+				}
 			}
 			stop()
 
