@@ -215,6 +215,14 @@ func TestParkedUnauthorizedReplayStaysParkedWhilePolicyDenies(t *testing.T) {
 	if parked[0].EventID != ev.ID.String() || parked[0].Principal != "mallory" {
 		t.Fatalf("parked row %+v", parked[0])
 	}
+	st, err := p.ops.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Consumers) != 1 || st.Consumers[0].Consumer != "billing" || len(st.Consumers[0].Parked) != 1 ||
+		st.Consumers[0].Parked[0].Reason != "unauthorized" || st.Consumers[0].Parked[0].Count != 1 {
+		t.Fatalf("status consumers %+v, want billing with 1 unauthorized parked", st.Consumers)
+	}
 	tablesToCompare := []string{"inbox", "inbox_parked", "ops_audit", "effects"}
 	before := snapshot(t, p.env, tablesToCompare...)
 	res, err := p.ops.RequestReplay(ctx, ops_parkedFilter("billing", "unauthorized"), preview)
@@ -299,6 +307,20 @@ func TestEvidencePublishedTwiceAppliedOnceChargedOnce(t *testing.T) {
 	}
 	if n := p.psp.count(); n != 1 {
 		t.Fatalf("charged %d times, want 1", n)
+	}
+
+	st, err := p.ops.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Consumers) != 1 || st.Consumers[0].AppliedTotal != 1 || st.Consumers[0].AppliedLastMinute != 1 {
+		t.Fatalf("status consumers %+v, want billing with 1 applied", st.Consumers)
+	}
+	if len(st.Effects) != 1 || st.Effects[0].ByState["succeeded"] != 1 || st.Effects[0].ByState["unknown"] != 0 {
+		t.Fatalf("status effects %+v, want 1 succeeded", st.Effects)
+	}
+	if len(st.Relays) != 1 || len(st.Relays[0].OwnedShards) != 4 || !st.Relays[0].Live {
+		t.Fatalf("status relays %+v, want one live relay owning 4 shards", st.Relays)
 	}
 
 	evd, err := p.ops.Evidence(ctx, ev.ID.String(), "")
