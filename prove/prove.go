@@ -47,6 +47,11 @@ type config struct {
 	ackWait     time.Duration
 
 	referenceRelay bool // prove's own relay instead of package relay
+
+	// broken switches a safety mechanism off in every scenario (tests:
+	// a deliberately broken build must be caught by the scenario meant
+	// to catch it). "mark-before-ack" or "no-ledger".
+	broken string
 }
 
 // Option configures Run.
@@ -105,6 +110,10 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // package relay (a second implementation of the same contract, kept to
 // cross-check the real one and for stacks the real one does not support).
 func WithReferenceRelay() Option { return func(c *config) { c.referenceRelay = true } }
+
+// withBrokenBuild removes one safety mechanism from every scenario's
+// pipeline; unexported because only prove's own tests need it.
+func withBrokenBuild(kind string) Option { return func(c *config) { c.broken = kind } }
 
 // WithWorkerCommand is the argv that starts this program as a prove worker
 // subprocess (for `ferry`: the executable plus "prove", "worker"). Without

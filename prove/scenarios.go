@@ -257,6 +257,7 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 	var wg sync.WaitGroup
 	defer func() { stop(); wg.Wait() }()
 
+	markBeforeAck := sc.markBeforeAck || cfg.broken == "mark-before-ack"
 	pause := &atomic.Bool{}
 	pause.Store(sc.pauseRelay)
 	for i := 0; i < sc.relays; i++ {
@@ -270,10 +271,10 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 				}
 				defer pub.Close()
 				r := &refRelay{env: e, id: name + "-" + randHex(3), pub: pub, ttl: relayTTL, held: map[int]int64{},
-					markBeforeAck: sc.markBeforeAck, pauseOnce: po}
+					markBeforeAck: markBeforeAck, pauseOnce: po}
 				return r.run(ctx)
 			}
-			return e.runRealRelay(ctx, name, relayFaults{pause: po, markBeforeAck: sc.markBeforeAck})
+			return e.runRealRelay(ctx, name, relayFaults{pause: po, markBeforeAck: markBeforeAck})
 		})
 	}
 	killsDone := make(chan struct{})
@@ -282,7 +283,7 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 	} else {
 		close(killsDone)
 	}
-	inbox := &refInbox{env: e, maxAttempts: 3, nonAtomic: sc.nonAtomic, inlineEffect: sc.inlineEffect}
+	inbox := &refInbox{env: e, maxAttempts: 3, nonAtomic: sc.nonAtomic, inlineEffect: sc.inlineEffect || cfg.broken == "no-ledger"}
 	startConsumer := func() {
 		supervise(runCtx, &wg, e.log, "inbox", inbox.run)
 	}
@@ -424,7 +425,7 @@ func settle(ctx context.Context, e *env, cfg *config) {
 
 func progressState(ctx context.Context, e *env) (string, bool, error) {
 	ex := e.db.drv.Executor()
-	var committed, handled, ledgerOpen int64
+	var committed, handled, ledgerOpen, pending int64
 	q := func(sql string, dst *int64) error {
 		rows, err := ex.Query(ctx, sql)
 		if err != nil {
@@ -446,8 +447,13 @@ func progressState(ctx context.Context, e *env) (string, bool, error) {
 	if err := q(`SELECT COUNT(*) FROM prove_ledger WHERE status <> 'succeeded'`, &ledgerOpen); err != nil {
 		return "", false, err
 	}
-	state := fmt.Sprintf("%d/%d committed events handled, %d effects open, %d faults fired", handled, committed, ledgerOpen, e.faults.Load())
-	return state, handled == committed && ledgerOpen == 0, nil
+	// Unsent outbox rows mean a relay still owes a (re)publish: a crash
+	// after publish leaves rows the consumer already applied.
+	if err := q(`SELECT COUNT(*) FROM ferry_outbox WHERE status = 'pending'`, &pending); err != nil {
+		return "", false, err
+	}
+	state := fmt.Sprintf("%d/%d committed events handled, %d unsent, %d effects open, %d faults fired", handled, committed, pending, ledgerOpen, e.faults.Load())
+	return state, handled == committed && ledgerOpen == 0 && pending == 0, nil
 }
 
 // waitPublished waits until the stream holds every committed event.
