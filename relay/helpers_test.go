@@ -427,3 +427,21 @@ func fastOpts(shards int, extra ...Option) []Option {
 		WithPollInterval(50 * time.Millisecond), WithBackoff(20*time.Millisecond, 200*time.Millisecond),
 		WithProbe(50*time.Millisecond, 500*time.Millisecond), WithPublishTimeout(5 * time.Second)}, extra...)
 }
+
+// writer returns an insert function with topic template tmpl.
+func (s *store) writer(t testing.TB, tmpl ferry.TopicTemplate) func(context.Context, ...ferry.Event) ([]ferry.Event, error) {
+	t.Helper()
+	opts := []outbox.Option{outbox.WithShardCount(s.shards), outbox.WithTopicTemplate(tmpl)}
+	if s.pool != nil {
+		w, err := outbox.New(pgxv5.New(s.pool), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.Insert
+	}
+	w, err := outbox.New(databasesql.New(s.sqlDB, driver.SQLite), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w.Insert
+}

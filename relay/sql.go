@@ -134,7 +134,7 @@ RETURNING shard, fence`, leases, plus("$2"), now, lock)
 
 	fence := fmt.Sprintf("l.owner = $1 AND l.fence = m.fence AND l.expires_at > %s AND ", now)
 	if noFence {
-		fence = ""
+		fence = "CAST($1 AS TEXT) = CAST($1 AS TEXT) AND " // keeps $1 typed
 	}
 	q.markSent = fmt.Sprintf(`UPDATE %[1]s SET status = 'sent', published_at = %[2]s, broker_receipt = m.receipt
 FROM %[3]s, %[4]s l
