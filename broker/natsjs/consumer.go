@@ -193,8 +193,11 @@ func DialConsumer(ctx context.Context, url, stream, durable string, opts ...Cons
 // not be redelivered. Nack asks for redelivery after the delay
 // (NakWithDelay). Both may be called later from any goroutine.
 //
-// A message that is not a valid Ferry CloudEvent is delivered with
-// DecodeErr set and Raw filled; it is never dropped or acked here.
+// Delivery.Event.Topic is the message subject (the topic, under the
+// default subject mapping); Raw.Destination is the subject too and Raw.Key
+// the ce-partitionkey header. A message that is not a valid Ferry
+// CloudEvent is delivered with DecodeErr set and Raw filled; it is never
+// dropped or acked here.
 func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *broker.Delivery)) error {
 	if handle == nil {
 		return errors.New("natsjs: Consume: nil handler")

@@ -269,6 +269,9 @@ func (p *Publisher) send(ctx context.Context, ev *ferry.Event, subject string) (
 		// A retry after "no responders" would re-send this message after
 		// later ones: keep order, let the relay retry the whole event.
 		jetstream.WithRetryAttempts(0),
+		// At MaxPending, wait for acks to free slots rather than failing
+		// a large batch after the library's default 200ms.
+		jetstream.WithStallWait(p.ackWait),
 	)
 	if err != nil {
 		return nil, classifySendError(err)

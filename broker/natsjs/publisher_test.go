@@ -186,3 +186,31 @@ func TestPublisherOptionsValidate(t *testing.T) {
 		t.Error("nil conn accepted")
 	}
 }
+
+// TestPublishBatchLargerThanMaxPending: a batch larger than the in-flight
+// bound waits for acks to free slots instead of failing.
+func TestPublishBatchLargerThanMaxPending(t *testing.T) {
+	for _, s := range servers(t) {
+		t.Run(s.name, func(t *testing.T) {
+			nc := connect(t, s.url)
+			stream, prefix := newStream(t, nc)
+			p, err := NewPublisher(nc, WithMaxPending(4))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			evs := make([]ferry.Event, 500)
+			for i := range evs {
+				evs[i] = testEvent(t, prefix+".x", fmt.Sprintf("a%d", i%7), int64(i/7+1))
+			}
+			for i, r := range p.Publish(context.Background(), evs) {
+				if r.Err != nil {
+					t.Fatalf("event %d: %v", i, r.Err)
+				}
+				if r.Receipt.Offset != int64(i+1) || r.Receipt.Destination != stream {
+					t.Fatalf("event %d receipt %+v: stream order differs from slice order", i, r.Receipt)
+				}
+			}
+		})
+	}
+}
