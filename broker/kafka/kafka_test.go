@@ -450,7 +450,7 @@ func TestOutageClusterDownThenRestarted(t *testing.T) {
 
 func TestProvisioning(t *testing.T) {
 	c := newCluster(t, 1, "existing")
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.MetadataMinAge(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
