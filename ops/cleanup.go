@@ -204,6 +204,12 @@ func CheckRetention(opts CleanupOptions, w Window) error {
 // one audit row with the totals. The relay can call it on a schedule
 // (see RunCleanup) with Actor "relay/<instance>" and a fixed reason.
 func (o *Ops) Cleanup(ctx context.Context, opts CleanupOptions, a Approval) (CleanupResult, error) {
+	return o.cleanup(ctx, opts, a, true)
+}
+
+// cleanup is Cleanup; auditEmpty false skips the audit row of a run that
+// deleted nothing (the scheduled mode would otherwise write one per tick).
+func (o *Ops) cleanup(ctx context.Context, opts CleanupOptions, a Approval, auditEmpty bool) (CleanupResult, error) {
 	if err := opts.normalise(); err != nil {
 		return CleanupResult{}, err
 	}
@@ -230,10 +236,12 @@ func (o *Ops) Cleanup(ctx context.Context, opts CleanupOptions, a Approval) (Cle
 			return res, err
 		}
 	}
-	if a.Approve {
-		total := res.Outbox + res.Discarded + res.Inbox + res.ResolvedParked + res.Effects
-		err := o.inTx(ctx, func(tx driver.Tx) error {
-			id, err := o.writeAudit(ctx, tx, "cleanup", a, struct {
+	total := res.Outbox + res.Discarded + res.Inbox + res.ResolvedParked + res.Effects
+	if a.Approve && (total > 0 || auditEmpty) {
+		// Rows already deleted are audited even if ctx ended meanwhile.
+		actx := context.WithoutCancel(ctx)
+		err := o.inTx(actx, func(tx driver.Tx) error {
+			id, err := o.writeAudit(actx, tx, "cleanup", a, struct {
 				CleanupOptions
 				Result CleanupResult `json:"result"`
 			}{opts, res}, nil, total)
@@ -248,7 +256,8 @@ func (o *Ops) Cleanup(ctx context.Context, opts CleanupOptions, a Approval) (Cle
 }
 
 // RunCleanup runs Cleanup every interval until ctx ends; it is the
-// scheduled mode for a long-running process such as the relay. Errors of
+// scheduled mode for a long-running process such as the relay. A run that
+// deletes nothing writes no audit row. Errors of
 // one run are logged and the next run tries again, except a retention
 // error, which is returned at once (the configuration is wrong).
 func (o *Ops) RunCleanup(ctx context.Context, every time.Duration, opts CleanupOptions, a Approval) error {
@@ -259,7 +268,7 @@ func (o *Ops) RunCleanup(ctx context.Context, every time.Duration, opts CleanupO
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		res, err := o.Cleanup(ctx, opts, a)
+		res, err := o.cleanup(ctx, opts, a, false)
 		switch {
 		case errors.Is(err, ErrRetentionTooShort), errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrReasonRequired), errors.Is(err, ErrActorRequired):
 			return err

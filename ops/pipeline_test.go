@@ -15,9 +15,11 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/command"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/effect"
 	"github.com/ferryhq/ferry/inbox"
+	"github.com/ferryhq/ferry/outbox"
 	"github.com/ferryhq/ferry/relay"
 )
 
@@ -357,6 +359,37 @@ func TestEvidencePublishedTwiceAppliedOnceChargedOnce(t *testing.T) {
 	}
 	if _, err := p.ops.Evidence(ctx, uuid.NewString(), ""); !errors.Is(err, ops_ErrNotFound) {
 		t.Fatalf("unknown id: %v", err)
+	}
+
+	// By command key: a command that wrote an event in its transaction.
+	drv := pgxv5.New(p.pg.Pool)
+	runner, err := command.New(drv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.New(drv, outbox.WithShardCount(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := runner.Run(ctx, command.Request{TenantID: "acme", Key: "idem-42", Body: []byte(`{"order":43}`)},
+		func(ctx context.Context, tx pgx.Tx) (command.Result, error) {
+			evs, err := w.InsertTx(ctx, tx, event("43", "order.created"))
+			if err != nil {
+				return command.Result{}, err
+			}
+			return command.Result{Body: []byte("ok"), EventIDs: []uuid.UUID{evs[0].ID}}, nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "command's event applied", func() bool { return p.applications(t, out.EventIDs[0]) == 1 })
+	byKey, err := p.ops.Evidence(ctx, "idem-42", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if byKey.Kind != "command_key" || byKey.Command == nil || byKey.Command.TenantID != "acme" || len(byKey.Events) != 1 ||
+		byKey.Events[0].EventID != out.EventIDs[0].String() || len(byKey.Events[0].Applied) != 1 {
+		t.Fatalf("by command key: %+v", byKey)
 	}
 }
 
