@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/ferryhq/ferry"
@@ -54,10 +55,37 @@ func (ib *Inbox[TTx]) process(ctx context.Context, msgs []*message) error {
 			}
 		}
 	}
-	for _, m := range msgs {
-		ib.settle(ctx, m)
-	}
+	ib.settleAll(ctx, msgs)
 	return nil
+}
+
+// settleAll acks/nacks a batch. Broker acks are round trips of their own
+// (JetStream double acks wait for the server), so a batch's acks run
+// concurrently, a few at a time; order does not matter once committed.
+func (ib *Inbox[TTx]) settleAll(ctx context.Context, msgs []*message) {
+	if len(msgs) <= 2 {
+		for _, m := range msgs {
+			ib.settle(ctx, m)
+		}
+		return
+	}
+	const parallel = 16
+	var wg sync.WaitGroup
+	next := make(chan *message)
+	for range min(parallel, len(msgs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range next {
+				ib.settle(ctx, m)
+			}
+		}()
+	}
+	for _, m := range msgs {
+		next <- m
+	}
+	close(next)
+	wg.Wait()
 }
 
 // settle acks or nacks a live message according to its outcome.

@@ -27,7 +27,7 @@ type natsStack struct {
 
 const testStream = "ORDERS"
 
-func newNATSStack(t *testing.T) *natsStack {
+func newNATSStack(t testing.TB) *natsStack {
 	t.Helper()
 	ctx := context.Background()
 	pg := testenv.NewPostgresSchema(t)
@@ -60,7 +60,7 @@ func newNATSStack(t *testing.T) *natsStack {
 	return &natsStack{drv: drv, url: emb.ClientURL(), nc: nc, pub: pub}
 }
 
-func (s *natsStack) publish(t *testing.T, evs ...ferry.Event) {
+func (s *natsStack) publish(t testing.TB, evs ...ferry.Event) {
 	t.Helper()
 	for _, ev := range evs { // one by one: the order of the test is the order of the stream
 		for _, r := range s.pub.Publish(context.Background(), []ferry.Event{ev}) {
@@ -71,7 +71,7 @@ func (s *natsStack) publish(t *testing.T, evs ...ferry.Event) {
 	}
 }
 
-func (s *natsStack) consumer(t *testing.T) *natsjs.Consumer {
+func (s *natsStack) consumer(t testing.TB) *natsjs.Consumer {
 	t.Helper()
 	c, err := natsjs.DialConsumer(context.Background(), s.url, testStream, "shipping", natsjs.WithAckWait(time.Second))
 	if err != nil {
@@ -87,7 +87,7 @@ func pgxEffect(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
 	return err
 }
 
-func (s *natsStack) inbox(t *testing.T, opts ...Option[pgx.Tx]) *Inbox[pgx.Tx] {
+func (s *natsStack) inbox(t testing.TB, opts ...Option[pgx.Tx]) *Inbox[pgx.Tx] {
 	t.Helper()
 	opts = append([]Option[pgx.Tx]{WithLogger[pgx.Tx](testLogger(t)), WithBackoff[pgx.Tx](10*time.Millisecond, 100*time.Millisecond)}, opts...)
 	ib, err := New[pgx.Tx](s.drv, "shipping", pgxEffect, opts...)
