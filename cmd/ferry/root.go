@@ -21,6 +21,7 @@ environment, e.g. FERRY_DATABASE_URL.`,
 		newMigrateCmd(),
 		newDemoCmd(),
 		newBenchCmd(),
+		newRelayCmd(),
 		newProveCmd(),
 		newStatusCmd(), newDLQCmd(), newParkedCmd(), newReplayCmd(), newCleanupCmd(), newEvidenceCmd(),
 	)

@@ -1,0 +1,212 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry"
+)
+
+// buildFerry compiles ./cmd/ferry into a temp dir.
+func buildFerry(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ferry")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/ferryhq/ferry/cmd/ferry")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build ./cmd/ferry: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// relayProc is one `ferry relay` process.
+type relayProc struct {
+	id     string
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+	done   chan error
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startRelayProc(t *testing.T, bin, id string, args ...string) *relayProc {
+	t.Helper()
+	p := &relayProc{id: id, stderr: &lockedBuffer{}, done: make(chan error, 1)}
+	p.cmd = exec.Command(bin, append([]string{"relay", "--instance-id", id}, args...)...)
+	p.cmd.Stderr = p.stderr
+	p.cmd.Env = os.Environ()
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("%s stderr (tail):\n%s", id, tail(p.stderr.String(), 3000))
+		}
+	})
+	return p
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// TestThreeRelayProcesses: three `ferry relay` processes share 16 shards
+// of a Postgres schema, publishing to the system NATS server, while 10,000
+// events of 200 aggregates are written. One process is SIGKILLed mid-run:
+// its shards move to the others within the lease TTL, and every event
+// reaches the broker exactly once in the stream, per aggregate in order.
+func TestThreeRelayProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the ferry binary and runs 10,000 events")
+	}
+	const shards = 16
+	const ttl = 1500 * time.Millisecond
+	s := newPGStore(t, shards)
+	n, prefix := systemNATS(t)
+	insert := s.withTopic(t, prefix+".{aggregate_type}")
+	bin := buildFerry(t)
+
+	args := []string{"--database-url", s.url, "--broker-url", n.url, "--stream", n.stream, "--subjects", prefix + ".>",
+		"--shards", fmt.Sprint(shards), "--lease-ttl", ttl.String(), "--poll-interval", "50ms", "--batch-size", "200",
+		"--backoff-base", "20ms", "--backoff-max", "200ms", "--listen", "127.0.0.1:0", "--log-level", "warn"}
+	procs := make([]*relayProc, 3)
+	for i := range procs {
+		procs[i] = startRelayProc(t, bin, fmt.Sprintf("proc-%d", i), args...)
+	}
+	waitFor(t, 30*time.Second, "the processes to own all shards", func() bool {
+		return s.ownedBy(t, "") == 0 && len(s.owners(t)) == 3
+	})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var produced []ferry.Event
+	prodDone := make(chan error, 1)
+	go func() {
+		for i := 0; i < 10000 && ctx.Err() == nil; {
+			var batch []ferry.Event
+			for j := 0; j < 25; j, i = j+1, i+1 {
+				batch = append(batch, ev(fmt.Sprintf("agg-%03d", (i*13)%200), fmt.Sprint(i)))
+			}
+			got, err := insert(ctx, batch...)
+			if err != nil {
+				prodDone <- err
+				return
+			}
+			produced = append(produced, got...)
+		}
+		prodDone <- nil
+	}()
+
+	waitFor(t, 60*time.Second, "publishing under way", func() bool { return s.count(t, "sent") >= 2000 })
+	victim := procs[0]
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.done
+	killed := time.Now()
+	if held := s.ownedBy(t, victim.id); held == 0 {
+		t.Fatal("the killed process held no lease: the takeover is not exercised")
+	}
+	waitFor(t, 10*time.Second, "the killed process's shards to move", func() bool {
+		return s.ownedBy(t, victim.id) == 0 && s.ownedBy(t, "") == 0
+	})
+	moved := time.Since(killed)
+	// Expiry (TTL) plus one renewal tick of the survivors (TTL/3), plus slack.
+	if limit := ttl + ttl/3 + 500*time.Millisecond; moved > limit {
+		t.Errorf("shards moved %s after SIGKILL, want within %s", moved.Round(time.Millisecond), limit)
+	}
+	t.Logf("shards moved %s after SIGKILL", moved.Round(time.Millisecond))
+
+	if err := <-prodDone; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 120*time.Second, "all 10,000 sent", func() bool { return s.count(t, "sent") == 10000 })
+	// SIGTERM: graceful exit 0, leases released.
+	for _, p := range procs[1:] {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-p.done:
+			if err != nil {
+				t.Errorf("%s exited with %v after SIGTERM, want 0", p.id, err)
+			}
+			p.done <- err // for cleanup
+		case <-time.After(15 * time.Second):
+			t.Errorf("%s did not exit within 15s of SIGTERM", p.id)
+		}
+	}
+	if left := len(s.owners(t)); left != 0 {
+		t.Errorf("%d owners still hold leases after graceful shutdown", left)
+	}
+	checkBroker(t, n.read(t), produced)
+}
+
+// ownedBy counts live leases of owner ("" counts unowned or expired ones).
+func (s *store) ownedBy(t testing.TB, owner string) int {
+	t.Helper()
+	q := `SELECT count(*) FROM ferry_relay_leases WHERE owner = $1 AND expires_at > now()`
+	if owner == "" {
+		q = `SELECT count(*) FROM ferry_relay_leases WHERE (owner = $1 OR expires_at <= now())`
+	}
+	rows, err := s.db.Executor().Query(context.Background(), q, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var c int64
+	for rows.Next() {
+		_ = rows.Scan(&c)
+	}
+	return int(c)
+}
+
+// owners lists instances holding live leases.
+func (s *store) owners(t testing.TB) []string {
+	t.Helper()
+	rows, err := s.db.Executor().Query(context.Background(),
+		`SELECT DISTINCT owner FROM ferry_relay_leases WHERE owner <> '' AND expires_at > now()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var o string
+		_ = rows.Scan(&o)
+		out = append(out, o)
+	}
+	return out
+}
