@@ -175,10 +175,12 @@ func (r *Relay) setError(err error) {
 }
 
 // Run streams until ctx is cancelled, then returns nil; it returns an error
-// only for a configuration that cannot work (missing outbox table, a
-// mismatched publication or slot). Connection losses, broker outages and a
-// busy slot are retried: a second relay on the same slot waits as standby
-// and takes over within the acquire interval after the first dies.
+// only for a configuration that cannot work (a publication or slot of that
+// name that does not fit the outbox: [ErrPublicationMismatch]). Connection
+// losses, broker outages, a missing outbox or bookkeeping table (migrations
+// not applied yet) and a busy slot are logged and retried: a second relay on
+// the same slot waits as standby and takes over within the acquire interval
+// after the first dies.
 //
 // Run may be called once per Relay.
 func (r *Relay) Run(ctx context.Context) error {

@@ -19,14 +19,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
-	goleak.VerifyTestMain(m,
-		// pgxpool's health checker and kgo/nats background goroutines end
-		// asynchronously after Close.
-		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
-		goleak.IgnoreAnyFunction("github.com/twmb/franz-go/pkg/kfake.(*Cluster).run"),
-	)
+	goleak.VerifyTestMain(m)
 }
 
 func TestNewValidatesConfig(t *testing.T) {
