@@ -75,6 +75,13 @@ func TestDLQRetryDryRunThenApprove(t *testing.T) {
 			!strings.Contains(a.Filter, "order.created") || !strings.Contains(a.IDs, evs[0].ID.String()) || !strings.Contains(a.IDs, evs[1].ID.String()) {
 			t.Fatalf("audit row %+v", a)
 		}
+		// Filter by failure reason (last_error), matched literally.
+		if dead, err := e.ops.ListDead(ctx, ops.Filter{ErrorContains: "schema"}, false); err != nil || len(dead) != 1 {
+			t.Fatalf("by error text: %+v %v", dead, err)
+		}
+		if dead, err := e.ops.ListDead(ctx, ops.Filter{ErrorContains: "sch%"}, false); err != nil || len(dead) != 0 {
+			t.Fatalf("%% matched as a wildcard: %+v %v", dead, err)
+		}
 		// The retried rows are no longer dead letters: a second retry finds nothing.
 		res, err = e.ops.RetryDead(ctx, f, preview)
 		if err != nil || res.Rows != 0 {

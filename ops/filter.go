@@ -32,6 +32,9 @@ type Filter struct {
 	AggregateType string
 	AggregateID   string
 	EventType     string
+	// ErrorContains keeps rows whose last_error contains this text (the
+	// DLQ's "reason" filter: e.g. "schema", "permission").
+	ErrorContains string
 	// OlderThan keeps rows created at least this long ago.
 	OlderThan time.Duration
 	// Since and Until bound created_at (inclusive, exclusive); zero means open.
@@ -45,7 +48,7 @@ type Filter struct {
 
 func (f Filter) empty() bool {
 	return len(f.EventIDs) == 0 && f.Topic == "" && f.TenantID == "" && f.AggregateType == "" &&
-		f.AggregateID == "" && f.EventType == "" && f.OlderThan == 0 && f.Since.IsZero() && f.Until.IsZero()
+		f.AggregateID == "" && f.EventType == "" && f.ErrorContains == "" && f.OlderThan == 0 && f.Since.IsZero() && f.Until.IsZero()
 }
 
 func (f Filter) check() error {
@@ -59,6 +62,9 @@ func (f Filter) check() error {
 	}
 	if f.OlderThan < 0 {
 		return &ArgError{Field: "filter.older_than", Reason: "must be >= 0"}
+	}
+	if len(f.ErrorContains) > 200 {
+		return &ArgError{Field: "filter.error_contains", Reason: "at most 200 bytes"}
 	}
 	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
 		return &ArgError{Field: "filter.until", Reason: "must be after filter.since"}
@@ -133,6 +139,15 @@ func (o *Ops) outboxWhere(w *where, f Filter, now time.Time) {
 	}
 	if f.EventType != "" {
 		w.add("event_type = ?", f.EventType)
+	}
+	if f.ErrorContains != "" {
+		// instr/strpos instead of LIKE: the text is matched literally, so
+		// % and _ in it mean themselves.
+		if o.pg() {
+			w.add("strpos(last_error, ?) > 0", f.ErrorContains)
+		} else {
+			w.add("instr(last_error, ?) > 0", f.ErrorContains)
+		}
 	}
 	if f.OlderThan > 0 {
 		w.add("created_at <= ?", now.Add(-f.OlderThan))

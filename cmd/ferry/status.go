@@ -80,6 +80,7 @@ func (f *approvalFlags) approval() ops.Approval {
 type outboxFilterFlags struct {
 	ids                                  []string
 	topic, tenant, aggType, aggID, evtyp string
+	errContains                          string
 	olderThan                            time.Duration
 	since, until                         string
 	all                                  bool
@@ -94,6 +95,7 @@ func (f *outboxFilterFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.aggType, "aggregate-type", "", "aggregate type")
 	fl.StringVar(&f.aggID, "aggregate", "", "aggregate id")
 	fl.StringVar(&f.evtyp, "type", "", "event type")
+	fl.StringVar(&f.errContains, "error-contains", "", "only rows whose last error contains this text (the failure reason)")
 	fl.DurationVar(&f.olderThan, "older-than", 0, "only rows created at least this long ago")
 	fl.StringVar(&f.since, "since", "", "only rows created at or after this time (RFC 3339)")
 	fl.StringVar(&f.until, "until", "", "only rows created before this time (RFC 3339)")
@@ -103,7 +105,7 @@ func (f *outboxFilterFlags) register(cmd *cobra.Command) {
 
 func (f *outboxFilterFlags) filter() (ops.Filter, error) {
 	out := ops.Filter{EventIDs: f.ids, Topic: f.topic, TenantID: f.tenant, AggregateType: f.aggType, AggregateID: f.aggID,
-		EventType: f.evtyp, OlderThan: f.olderThan, All: f.all, Limit: f.limit}
+		EventType: f.evtyp, ErrorContains: f.errContains, OlderThan: f.olderThan, All: f.all, Limit: f.limit}
 	var err error
 	if out.Since, err = parseTime("since", f.since); err != nil {
 		return out, err
