@@ -3,6 +3,7 @@ package ops_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,7 @@ func setup[TTx any](t *testing.T, name string, drv driver.Driver[TTx], opts ...o
 	if !ok {
 		t.Fatalf("%T is not an ops.DB", drv)
 	}
-	o, err := ops.New(db, opts...)
+	o, err := ops.New(db, append([]ops.Option{ops.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
