@@ -184,4 +184,3 @@ func TestInteropCloudEventsSDK(t *testing.T) {
 		t.Fatalf("%d events not decoded", len(byID))
 	}
 }
-

@@ -497,4 +497,3 @@ func TestPublisherClosed(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 }
-
