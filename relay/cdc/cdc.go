@@ -225,7 +225,11 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	b := backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}
 	for {
+		began := time.Now()
 		err := r.session(ctx, pool, tgt)
+		if time.Since(began) > 2*r.cfg.backoffMax {
+			b.reset() // the session was healthy for a while: start over at min
+		}
 		if ctx.Err() != nil {
 			return nil
 		}

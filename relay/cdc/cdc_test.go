@@ -163,3 +163,52 @@ func TestRollbackAndBusinessOnlyPublishNothing(t *testing.T) {
 		t.Fatalf("%+v", v)
 	}
 }
+
+// A publication of that name that publishes something else is refused:
+// guessing would publish the wrong rows.
+func TestPublicationMismatchStops(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	if _, err := h.s.Pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %q FOR TABLE orders`, h.pub)); err != nil {
+		t.Fatal(err)
+	}
+	k := startKafka(t)
+	r, err := cdc.New(h.s.URL, k.publisher(), h.relayOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := r.Run(ctx); !errors.Is(err, cdc.ErrPublicationMismatch) {
+		t.Fatalf("Run = %v, want ErrPublicationMismatch", err)
+	}
+	if r.Status().Role != cdc.RoleStopped {
+		t.Fatalf("role after Run: %s", r.Status().Role)
+	}
+}
+
+// A transaction larger than one publish batch is published in several
+// calls, in order, and confirmed only as a whole.
+func TestLargeTransactionSpansBatches(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	k := startKafka(t)
+	pub := newCounting(k.publisher())
+	h.start(pub, cdc.WithMaxBatch(100))
+	evs := make([]ferry.Event, 350)
+	for i := range evs {
+		evs[i] = event(fmt.Sprintf("o-%d", i%3))
+	}
+	in, err := h.w.Insert(ctx, evs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := k.read(20*time.Second, allDelivered(in))
+	if v := judge(in, got); v.lost != 0 || v.duplicates != 0 || v.orderViolations != 0 {
+		t.Fatalf("%+v", v)
+	}
+	if c := pub.calls.Load(); c < 4 {
+		t.Fatalf("%d publish calls for 350 events with max batch 100, want >= 4", c)
+	}
+	waitFor(t, 10*time.Second, "rows sent", func() bool { return h.statusCounts(ctx)["sent"] == 350 })
+}
