@@ -29,6 +29,11 @@ func (ib *Inbox[TTx]) process(ctx context.Context, msgs []*message) error {
 	if errors.As(err, &fe) {
 		return err
 	}
+	if err != nil && ctx.Err() != nil {
+		// Stopping (fault elsewhere, drain timeout): leave every message
+		// to the broker's redelivery, as a crash would.
+		return nil
+	}
 	if err != nil {
 		for _, m := range msgs {
 			if m.outcome != OutcomeRetry {

@@ -204,7 +204,11 @@ func (ib *Inbox[TTx]) collectGauges(ctx context.Context) (gaugeSnapshot, error) 
 			g.oldestAge[r] = max(0, now.Sub(ps.Oldest).Seconds())
 		}
 	}
-	if c := ib.running.Load(); c != nil {
+	if ib.cfg.lag != nil {
+		if n, err := ib.cfg.lag(ctx); err == nil {
+			g.lag, g.lagKnown = float64(n), true
+		}
+	} else if c := ib.running.Load(); c != nil {
 		switch lr := (*c).(type) {
 		case LagReporter:
 			if n, err := lr.Lag(ctx); err == nil {

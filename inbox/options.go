@@ -85,6 +85,7 @@ type config[TTx any] struct {
 	logger        *slog.Logger
 	registerer    prometheus.Registerer
 	faults        Faults
+	lag           func(ctx context.Context) (int64, error)
 	now           func() time.Time
 	nonAtomicTest bool // negative control: claim and effect in separate transactions
 }
@@ -203,6 +204,20 @@ func WithLogger[TTx any](l *slog.Logger) Option[TTx] {
 // WithRegisterer registers the ferry_inbox_* metrics on r (default: none).
 func WithRegisterer[TTx any](r prometheus.Registerer) Option[TTx] {
 	return func(c *config[TTx]) { c.registerer = r }
+}
+
+// WithLag sets how ferry_inbox_consumer_lag is read, for adapters whose
+// lag is not a plain count, e.g. Kafka:
+//
+//	inbox.WithLag[pgx.Tx](func(ctx context.Context) (int64, error) {
+//		l, err := kafkaConsumer.Lag(ctx)
+//		return l.Total, err
+//	})
+//
+// Without it, a consumer with Lag(ctx) (int64, error) or (like natsjs)
+// Pending(ctx) (uint64, error) is asked directly.
+func WithLag[TTx any](f func(ctx context.Context) (int64, error)) Option[TTx] {
+	return func(c *config[TTx]) { c.lag = f }
 }
 
 // WithFaults installs crash-point hooks (proofs and tests only).
