@@ -16,9 +16,12 @@ import (
 func (r *Relay) listen(ctx context.Context) {
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := r.listenOnce(ctx)
+		connected, err := r.listenOnce(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if connected {
+			delay = 100 * time.Millisecond // it worked for a while: start over
 		}
 		r.log.Warn("LISTEN connection lost; reconnecting", "channel", r.cfg.listenChannel, "err", err, "retry_in", delay)
 		if !sleep(ctx, delay) {
@@ -28,10 +31,10 @@ func (r *Relay) listen(ctx context.Context) {
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context) error {
+func (r *Relay) listenOnce(ctx context.Context) (connected bool, err error) {
 	pc, err := r.cfg.listenPool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("acquire: %w", err)
+		return false, fmt.Errorf("acquire: %w", err)
 	}
 	conn := pc.Hijack()
 	defer func() {
@@ -40,12 +43,12 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		_ = conn.Close(cctx)
 	}()
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.listenChannel}.Sanitize()); err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return false, fmt.Errorf("listen: %w", err)
 	}
 	r.Notify() // anything committed before LISTEN took effect
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return err
+			return true, err
 		}
 		r.Notify()
 	}
