@@ -68,6 +68,9 @@ func TestResumeFromSlotAfterDowntime(t *testing.T) {
 	h := newHarness(t)
 	k := startKafka(t)
 	pub := newCounting(k.publisher())
+	if info, err := cdc.Inspect(ctx, h.s.Pool, h.tables, h.slot); err != nil || info.Exists || info.Recorded {
+		t.Fatalf("Inspect before first start: %+v, %v; want no slot, no record", info, err)
+	}
 
 	_, stop := h.start(pub)
 	first := h.insert(ctx, 20, 4)

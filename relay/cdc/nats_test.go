@@ -306,13 +306,17 @@ func TestSlotDroppedWhileStopped(t *testing.T) {
 			if got := gather(t, reg, "ferry_cdc_catchup_events_total"); got != 15 {
 				t.Errorf("ferry_cdc_catchup_events_total = %v, want 15 (the rows committed while the slot was gone)", got)
 			}
-			var lost int
-			if err := h.s.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT lost_count FROM %s WHERE slot_name = $1`, h.tables.Name("cdc_slot")), h.slot).Scan(&lost); err != nil {
+			info, err := cdc.Inspect(ctx, h.s.Pool, h.tables, h.slot)
+			if err != nil {
 				t.Fatal(err)
 			}
-			if lost != 1 {
-				t.Fatalf("cdc_slot.lost_count = %d, want 1", lost)
+			if !info.Exists || !info.Active || !info.Recorded || info.LostCount != 1 || info.LostAt == nil || info.WALStatus == "" {
+				t.Fatalf("Inspect after recovery: %+v; want an active recreated slot with lost_count 1", info)
 			}
+			waitFor(t, 10*time.Second, "catch-up marker cleared", func() bool {
+				info, err := cdc.Inspect(ctx, h.s.Pool, h.tables, h.slot)
+				return err == nil && !info.CatchUpNeeded
+			})
 			waitFor(t, 10*time.Second, "all rows sent", func() bool { return h.statusCounts(ctx)["sent"] == len(all) })
 		})
 	}
