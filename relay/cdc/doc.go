@@ -18,6 +18,9 @@
 //	err = r.Run(ctx)                   // until ctx ends; nil on shutdown
 //	st := r.Status()                   // role, confirmed LSN, slot lag
 //
+// [Inspect] reads the slot's state from the database, for tools running
+// in another process than the relay (`ferry status`).
+//
 // The connection string is an ordinary Postgres URL; the relay opens its
 // streaming connection with replication=database itself. The role needs
 // the REPLICATION attribute (or to own the slot), CREATE on the database
