@@ -174,13 +174,24 @@ func collect(ctx context.Context, e *env) (*truth, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if err := scanRows(ctx, ex, `SELECT event_id, reason, healed_at, first_seen FROM prove_parked`, func(s func(...any) error) error {
+	if err := scanRows(ctx, ex, e.parkedQuery(), func(s func(...any) error) error {
 		var p parkedRow
 		var healed int64
-		if err := s(&p.eventID, &p.reason, &healed, &p.firstSeen); err != nil {
+		var first any
+		if err := s(&p.eventID, &p.reason, &healed, &first); err != nil {
 			return err
 		}
 		p.healed = healed != 0
+		switch v := first.(type) {
+		case int64:
+			p.firstSeen = v
+		case time.Time:
+			p.firstSeen = v.UnixNano()
+		case string:
+			if ts, err := time.Parse("2006-01-02 15:04:05.999999999-07:00", v); err == nil {
+				p.firstSeen = ts.UnixNano()
+			}
+		}
 		t.parked = append(t.parked, p)
 		return nil
 	}); err != nil {

@@ -26,6 +26,18 @@ func cleanupInbox(ctx context.Context, e *env, retention time.Duration, guard bo
 	}
 	cut := time.Now().Add(-retention).UnixNano()
 	ex := e.db.drv.Executor()
+	if e.realInbox {
+		// package inbox's tables: the dedup rows and the aggregate cursors.
+		n1, err := ex.Exec(ctx, `DELETE FROM ferry_inbox WHERE applied_at <= $1`, time.Now().Add(-retention).UTC())
+		if err != nil {
+			return 0, fmt.Errorf("prove: cleanup inbox: %w", err)
+		}
+		n2, err := ex.Exec(ctx, `DELETE FROM ferry_inbox_cursor WHERE updated_at <= $1`, time.Now().Add(-retention).UTC())
+		if err != nil {
+			return 0, fmt.Errorf("prove: cleanup cursors: %w", err)
+		}
+		return n1 + n2, nil
+	}
 	n1, err := ex.Exec(ctx, `DELETE FROM prove_inbox WHERE claimed_at <= $1`, cut)
 	if err != nil {
 		return 0, fmt.Errorf("prove: cleanup inbox: %w", err)
@@ -64,7 +76,11 @@ func cleanupThenReplay(ctx context.Context, e *env, wg *sync.WaitGroup, inbox *r
 		return "", err
 	}
 	replay := &refInbox{env: e, maxAttempts: inbox.maxAttempts, durable: durable, nonAtomic: inbox.nonAtomic, inlineEffect: inbox.inlineEffect}
-	supervise(ctx, wg, e.log, "replay", replay.run)
+	if e.realInbox {
+		supervise(ctx, wg, e.log, "replay", func(ctx context.Context) error { return e.runRealInbox(ctx, durable, inbox.inlineEffect) })
+	} else {
+		supervise(ctx, wg, e.log, "replay", replay.run)
+	}
 	deadline := time.Now().Add(e.cfg.duration)
 	for ctx.Err() == nil && time.Now().Before(deadline) {
 		ok, err := e.stream.drained(ctx, durable)

@@ -38,6 +38,9 @@ type env struct {
 	provider *fakeProvider
 	prog     *progress
 
+	// realInbox: package inbox consumes (else prove's reference inbox).
+	realInbox bool
+
 	// pubURL is where relays connect (a fault proxy in the outage scenario).
 	pubURL string
 
@@ -137,4 +140,46 @@ func supervise(ctx context.Context, wg *sync.WaitGroup, log *slog.Logger, name s
 			}
 		}
 	}()
+}
+
+// parkedTable is the ground-truth query of parked messages: event id,
+// reason, resolved (healed or released), first seen in Unix nanoseconds.
+func (e *env) parkedQuery() string {
+	if e.realInbox {
+		return `SELECT COALESCE(CAST(event_id AS TEXT), ''), reason, CASE WHEN resolved_at IS NULL THEN 0 ELSE 1 END, first_seen FROM ferry_inbox_parked`
+	}
+	return `SELECT event_id, reason, healed_at, first_seen FROM prove_parked`
+}
+
+// openParkedSQL is the condition "event b.event_id is parked and unresolved
+// for a reason other than a gap".
+func (e *env) openParkedSQL() string {
+	if e.realInbox {
+		return `EXISTS (SELECT 1 FROM ferry_inbox_parked p WHERE CAST(p.event_id AS TEXT) = b.event_id AND p.resolved_at IS NULL AND p.reason <> 'gap')`
+	}
+	return `EXISTS (SELECT 1 FROM prove_parked p WHERE p.event_id = b.event_id AND p.healed_at = 0 AND p.reason <> 'gap')`
+}
+
+// components names what a scenario ran, honestly.
+func (e *env) components() []string {
+	sc := e.sc
+	c := []string{"ferry:outbox", "ferry:migrate", "ferry:broker/cloudevents", "nats-server(jetstream)"}
+	switch {
+	case sc.naive:
+		c = append(c, "prove:naive-producer")
+	case e.cfg.referenceRelay:
+		c = append(c, "prove:reference-relay")
+	default:
+		c = append(c, "ferry:relay")
+	}
+	if e.realInbox {
+		c = append(c, "ferry:inbox")
+	} else {
+		c = append(c, "prove:reference-inbox")
+	}
+	c = append(c, "prove:reference-effect-ledger", "prove:fake-provider")
+	if sc.outage {
+		c = append(c, "internal/faultproxy")
+	}
+	return c
 }

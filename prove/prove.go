@@ -47,6 +47,7 @@ type config struct {
 	ackWait     time.Duration
 
 	referenceRelay bool // prove's own relay instead of package relay
+	referenceInbox bool // prove's own inbox instead of package inbox
 
 	// broken switches a safety mechanism off in every scenario (tests:
 	// a deliberately broken build must be caught by the scenario meant
@@ -110,6 +111,10 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // package relay (a second implementation of the same contract, kept to
 // cross-check the real one and for stacks the real one does not support).
 func WithReferenceRelay() Option { return func(c *config) { c.referenceRelay = true } }
+
+// WithReferenceInbox runs prove's built-in reference consumer instead of
+// package inbox (a second implementation of the same contract).
+func WithReferenceInbox() Option { return func(c *config) { c.referenceInbox = true } }
 
 // withBrokenBuild removes one safety mechanism from every scenario's
 // pipeline; unexported because only prove's own tests need it.

@@ -162,22 +162,9 @@ func allScenarios() []*scenario {
 // row on every poll and blows far past it.
 const maxAmplification = 5
 
-// components names what a scenario ran, honestly.
-func (sc *scenario) components() []string {
-	c := []string{"ferry:outbox", "ferry:migrate", "ferry:broker/cloudevents", "nats-server(jetstream)"}
-	if sc.relays > 0 || sc.sigkill {
-		c = append(c, "ferry:relay")
-	}
-	c = append(c, "prove:reference-inbox", "prove:reference-effect-ledger", "prove:fake-provider")
-	if sc.outage {
-		c = append(c, "internal/faultproxy")
-	}
-	return c
-}
-
 func runScenario(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) Result {
 	start := time.Now()
-	res := Result{Scenario: sc.name, Description: sc.desc, Control: sc.control, Components: sc.components()}
+	res := Result{Scenario: sc.name, Description: sc.desc, Control: sc.control}
 	if st.broker != "nats" {
 		res.Status, res.Note = StatusNotAvailable, fmt.Sprintf("broker %s is not wired into prove yet (nats only)", st.broker)
 		return res
@@ -188,7 +175,8 @@ func runScenario(ctx context.Context, cfg *config, st *stack, sc *scenario, prog
 			return res
 		}
 	}
-	f, viol, note, err := execute(ctx, cfg, st, sc, prog)
+	f, viol, note, comps, err := execute(ctx, cfg, st, sc, prog)
+	res.Components = comps
 	res.Elapsed = time.Since(start)
 	res.Figures, res.Violations, res.Note = f, viol, note
 	switch {
@@ -208,46 +196,54 @@ func runScenario(ctx context.Context, cfg *config, st *stack, sc *scenario, prog
 	return res
 }
 
-func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) (Figures, []string, string, error) {
+func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) (_ Figures, _ []string, _ string, comps []string, err error) {
+	f, v, n, comps, err := executeInner(ctx, cfg, st, sc, prog)
+	return f, v, n, comps, err
+}
+
+func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) (Figures, []string, string, []string, error) {
 	db, err := st.newDatabase(ctx, sc.name)
 	if err != nil {
-		return Figures{}, nil, "", err
+		return Figures{}, nil, "", nil, err
 	}
 	defer db.close()
 	w, err := db.writer()
 	if err != nil {
-		return Figures{}, nil, "", err
+		return Figures{}, nil, "", nil, err
 	}
 	p, err := newPlan(cfg, sc.name, sc.plan)
 	if err != nil {
-		return Figures{}, nil, "", err
+		return Figures{}, nil, "", nil, err
 	}
 	stream := &natsStream{url: st.natsURL, name: "PROVE_" + strings.ToUpper(strings.ReplaceAll(sc.name, "-", "_")) + "_" + randHex(4), ackWait: cfg.ackWait}
 	if err := stream.create(ctx); err != nil {
-		return Figures{}, nil, "", err
+		return Figures{}, nil, "", nil, err
 	}
 	defer stream.destroy(context.WithoutCancel(ctx))
 
 	e := &env{cfg: cfg, sc: sc, st: st, db: db, w: w, stream: stream, plan: p, log: cfg.logger,
 		reg: prometheus.NewRegistry(), rec: newRecorder(), provider: newFakeProvider(), prog: prog, pubURL: st.natsURL}
 	e.metrics = newMetrics(e.reg)
+	// The non-atomic control needs a broken inbox; package inbox has no
+	// public switch for that, so it runs on prove's reference inbox.
+	e.realInbox = !cfg.referenceInbox && !sc.nonAtomic
 	if sc.leakage {
 		e.logs = &syncBuffer{}
 		e.log = slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	for _, pr := range []string{"user:clerk", "user:mallory"} {
 		if _, err := db.drv.Executor().Exec(ctx, `INSERT INTO prove_policy (principal, action, allowed) VALUES ($1, '*', 1)`, pr); err != nil {
-			return Figures{}, nil, "", fmt.Errorf("prove: policy: %w", err)
+			return Figures{}, nil, "", nil, fmt.Errorf("prove: policy: %w", err)
 		}
 	}
 	var proxy *faultproxy.Proxy
 	if sc.outage {
 		u, err := url.Parse(st.natsURL)
 		if err != nil {
-			return Figures{}, nil, "", fmt.Errorf("prove: nats url: %w", err)
+			return Figures{}, nil, "", nil, fmt.Errorf("prove: nats url: %w", err)
 		}
 		if proxy, err = faultproxy.New(u.Host); err != nil {
-			return Figures{}, nil, "", err
+			return Figures{}, nil, "", nil, err
 		}
 		defer proxy.Close()
 		e.pubURL = "nats://" + proxy.Addr()
@@ -285,6 +281,10 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 	}
 	inbox := &refInbox{env: e, maxAttempts: 3, nonAtomic: sc.nonAtomic, inlineEffect: sc.inlineEffect || cfg.broken == "no-ledger"}
 	startConsumer := func() {
+		if e.realInbox {
+			supervise(runCtx, &wg, e.log, "inbox", func(ctx context.Context) error { return e.runRealInbox(ctx, "prove", inbox.inlineEffect) })
+			return
+		}
 		supervise(runCtx, &wg, e.log, "inbox", inbox.run)
 	}
 	if !sc.revokeBeforeConsume {
@@ -322,17 +322,17 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 		})
 	}
 	if perr != nil {
-		return Figures{}, nil, "", fmt.Errorf("prove: workload: %w", perr)
+		return Figures{}, nil, "", nil, fmt.Errorf("prove: workload: %w", perr)
 	}
 	<-outageDone
 
 	if sc.revokeBeforeConsume {
 		// Wait until every committed event is in the stream, then revoke.
 		if err := waitPublished(runCtx, e, cfg.duration); err != nil {
-			return Figures{}, nil, "", err
+			return Figures{}, nil, "", nil, err
 		}
 		if _, err := db.drv.Executor().Exec(ctx, `UPDATE prove_policy SET allowed = 0 WHERE principal = 'user:mallory'`); err != nil {
-			return Figures{}, nil, "", fmt.Errorf("prove: revoke: %w", err)
+			return Figures{}, nil, "", nil, fmt.Errorf("prove: revoke: %w", err)
 		}
 		startConsumer()
 	}
@@ -347,14 +347,14 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 		}
 	}
 	if err := forge(runCtx, e); err != nil {
-		return Figures{}, nil, "", err
+		return Figures{}, nil, "", nil, err
 	}
 	settle(runCtx, e, cfg)
 	var note string
 	if sc.cleanup != "" {
 		n, err := cleanupThenReplay(runCtx, e, &wg, inbox)
 		if err != nil {
-			return Figures{}, nil, "", err
+			return Figures{}, nil, "", nil, err
 		}
 		note = n
 	}
@@ -363,16 +363,22 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 
 	t, err := collect(ctx, e)
 	if err != nil {
-		return Figures{}, nil, "", err
+		return Figures{}, nil, "", nil, err
 	}
 	f, viol := check(e, t)
 	if sc.leakage {
 		e.rec.mu.Lock()
 		errs := append([]string(nil), e.rec.errs...)
 		e.rec.mu.Unlock()
+		// Errors the components stored in the database are errors too.
+		stored, err := storedErrors(ctx, e)
+		if err != nil {
+			return Figures{}, nil, "", nil, err
+		}
+		errs = append(errs, stored...)
 		leaks, err := findLeaks(p.canary, e.logs.String(), errs, e.reg)
 		if err != nil {
-			return Figures{}, nil, "", err
+			return Figures{}, nil, "", nil, err
 		}
 		f.Leaks = len(leaks)
 		for _, l := range leaks {
@@ -385,7 +391,7 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 	if sc.extra != nil {
 		viol = append(viol, sc.extra(e, &f, t)...)
 	}
-	return f, viol, note, nil
+	return f, viol, note, e.components(), nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
@@ -441,7 +447,7 @@ func progressState(ctx context.Context, e *env) (string, bool, error) {
 		return "", false, err
 	}
 	if err := q(`SELECT COUNT(*) FROM prove_business b WHERE EXISTS (SELECT 1 FROM prove_applied a WHERE a.event_id = b.event_id)
- OR EXISTS (SELECT 1 FROM prove_parked p WHERE p.event_id = b.event_id AND p.healed_at = 0 AND p.reason <> 'gap')`, &handled); err != nil {
+ OR `+e.openParkedSQL(), &handled); err != nil {
 		return "", false, err
 	}
 	if err := q(`SELECT COUNT(*) FROM prove_ledger WHERE status <> 'succeeded'`, &ledgerOpen); err != nil {
@@ -524,3 +530,26 @@ func forge(ctx context.Context, e *env) error {
 var _ = net.JoinHostPort
 var _ = ferry.AggregateKey
 var _ = sql.ErrNoRows
+
+// storedErrors reads the error texts components persisted: the outbox's
+// last_error and the inbox's parked last_error.
+func storedErrors(ctx context.Context, e *env) ([]string, error) {
+	var out []string
+	qs := []string{`SELECT last_error FROM ferry_outbox WHERE last_error <> ''`}
+	if e.realInbox {
+		qs = append(qs, `SELECT last_error FROM ferry_inbox_parked WHERE last_error <> ''`)
+	}
+	for _, q := range qs {
+		if err := scanRows(ctx, e.db.drv.Executor(), q, func(s func(...any) error) error {
+			var v string
+			if err := s(&v); err != nil {
+				return err
+			}
+			out = append(out, v)
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
