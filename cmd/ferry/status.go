@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -39,7 +40,9 @@ func (f *opsFlags) open(cmd *cobra.Command, opts ...ops.Option) (*store, *ops.Op
 	if err != nil {
 		return nil, nil, err
 	}
-	o, err := ops.New(s, append([]ops.Option{ops.WithTables(f.store.tables())}, opts...)...)
+	// The command prints its own report; the logger only carries warnings.
+	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	o, err := ops.New(s, append([]ops.Option{ops.WithTables(f.store.tables()), ops.WithLogger(logger)}, opts...)...)
 	if err != nil {
 		s.Close()
 		return nil, nil, err
