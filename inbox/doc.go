@@ -1,0 +1,138 @@
+// Package inbox is the consumer half of Ferry: it applies each event's
+// effect once (per consumer, tenant and event id) inside the consumer's own
+// database transaction, in per-aggregate order, and parks what it cannot
+// apply instead of dropping it (guarantees G3 and G4).
+//
+// # Why an inbox
+//
+// Brokers deliver at least once. A consumer that applies an event and then
+// acks can crash in between; the broker redelivers and the effect happens
+// twice. A consumer that acks first can crash before applying; the effect
+// is lost. The inbox removes the window: the dedup claim, the
+// per-aggregate cursor and the handler's effect are written in one
+// transaction, and the broker is acked only after it committed. A crash
+// before the commit rolls all three back (the redelivery applies the
+// event); a crash after it leaves a claim that absorbs the redelivery.
+//
+// # Using it
+//
+//	ib, err := inbox.New[pgx.Tx](pgxv5.New(pool), "shipping",
+//		func(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
+//			_, err := tx.Exec(ctx, `INSERT INTO shipments ...`, ...)
+//			return err
+//		},
+//		inbox.WithSchemas[pgx.Tx](inbox.SchemaKey{EventType: "order.paid", SchemaVersion: 1}),
+//		inbox.WithAuthorizer[pgx.Tx](checkPolicy),
+//		inbox.WithRegisterer[pgx.Tx](prometheus.DefaultRegisterer),
+//	)
+//	consumer, err := natsjs.DialConsumer(ctx, url, "ORDERS", "shipping")
+//	err = ib.Run(ctx, consumer) // until ctx is cancelled
+//
+// The handler gets the transaction in the caller's own type (pgx.Tx,
+// *sql.Tx), through the same [github.com/ferryhq/ferry/driver] seam the
+// outbox uses, so Postgres via pgx, Postgres via database/sql and SQLite
+// share one core. [Inbox.Run] takes any [github.com/ferryhq/ferry/broker.Consumer]:
+// NATS JetStream, Kafka and RabbitMQ adapters all work.
+//
+// # What happens to a message, in order
+//
+//  1. Decoding: a message the adapter could not decode (or whose fields
+//     would break the inbox's own writes) is parked as undecodable with
+//     its raw headers and body (bounded by [WithMaxRawBytes]) and acked.
+//  2. Contract: an (event type, schema version) not declared with
+//     [WithSchemas] is parked as schema: replayable after an upgrade.
+//  3. Claim and cursor, one round trip on Postgres: if (consumer, tenant,
+//     event id) was applied before with the same fingerprint, the message is
+//     a duplicate (acked, counted, no effect); with a different fingerprint it
+//     is a collision (parked with both fingerprints, logged at error level,
+//     counted; the original effect is untouched). Otherwise the aggregate's
+//     cursor decides: a sequence at or below it is stale (skipped, counted);
+//     more than one above it is a gap (parked, acked); the next one is
+//     claimed and the cursor advanced, under the cursor row's lock.
+//  4. Authorization: the [Authorizer] runs in the same transaction and can
+//     read current state; possession of a message grants nothing. A denial
+//     undoes the claim and parks the message as unauthorized.
+//  5. The handler. An error rolls everything back and the message is nacked
+//     with exponential backoff and full jitter; an error wrapped with
+//     [Permanent], or the attempt that reaches [WithMaxAttempts], parks it
+//     as poison instead, in a transaction of its own, and acks it.
+//  6. Gap successors: when the applied event fills a gap, its parked
+//     successors are applied right after it, in order, in the same
+//     transaction (each under a savepoint, so a failing successor stays
+//     parked without undoing its predecessor).
+//  7. Commit, then ack.
+//
+// # Fingerprint
+//
+// [Fingerprint] is SHA-256 over a length-prefixed canonical envelope —
+// event id, tenant, aggregate type, id and sequence, event type, schema
+// version, content type — and the payload. Trace and provenance headers,
+// topic and times are left out: a relay may re-stamp them on a re-publish
+// without changing what the event means.
+//
+// # Ordering and its policies
+//
+// The cursor is per (consumer, tenant, aggregate type, aggregate id). By
+// default ([StartStrict]) an aggregate the consumer has never seen must
+// start at sequence 1; a consumer started after its producer (with the
+// broker's retention no longer holding the early events) uses
+// [StartAtFirstSeen]. Consumers whose effects commute opt out with
+// [WithoutOrdering]: then only dedup applies. An open gap older than
+// [WithGapAlert] shows in ferry_inbox_gaps_overdue; when the missing event
+// is known lost, [Inbox.ReleaseGap] moves the cursor past it.
+//
+// # Concurrency
+//
+// Run hashes each aggregate to one of [WithWorkers] workers, so one
+// aggregate's events are applied serially in broker order while different
+// aggregates run in parallel. Each worker's queue is bounded ([WithQueue]);
+// when full, Run stops pulling from the broker. Several processes may run
+// the same consumer name: the claim's unique key and the cursor's row lock
+// keep them consistent, and a lost race is retried at once. On
+// cancellation Run finishes (or, after [WithDrainTimeout], rolls back) the
+// transactions in flight, leaves queued messages to the broker's
+// redelivery, and returns; it starts and stops all of its goroutines.
+//
+// # Batch mode
+//
+// [WithBatch] applies up to N queued messages of a worker in one
+// transaction with a savepoint per message — a message that fails rolls
+// back to its savepoint and never takes its neighbours' claims with it —
+// and acks them all after the commit. It trades latency, and a larger set
+// of redeliveries after a crash (all absorbed), for throughput.
+//
+// # Parked messages and the operator's API
+//
+// Parked rows keep the reason, attempts, first and last seen, the sanitised
+// error text and the full envelope and payload. [Inbox.ListParked] and
+// [Inbox.GetParked] read them; [Inbox.Replay] runs them through the live
+// path again (schema, authorization, dedup, cursor, handler — never around
+// the inbox) in a transaction each; [Inbox.DryRun] reports what a replay
+// would do without calling the handler or writing anything;
+// [Inbox.ReleaseGap] gives up on missing events; [Inbox.HealGaps] applies
+// gap successors whose predecessor arrived through another instance (Run
+// calls it every [WithHealInterval]). A redelivered or replayed message
+// updates its open row rather than adding one.
+//
+// # Faults and proofs
+//
+// [Faults] hooks simulate a crash before the commit or after the commit
+// and before the ack; `ferry prove` uses them. The tests include the
+// negative control the contract asks for: an inbox that claims in one
+// transaction and applies in another loses the effect under the same
+// crash.
+//
+// # Metrics
+//
+// With [WithRegisterer], the ferry_inbox_* series are exported, labelled
+// with the consumer name; docs/INBOX.md lists them with suggested alerts.
+// Counters are per process; the parked and gap gauges are queried from the
+// database at scrape time, so they agree across instances.
+//
+// # What the inbox does not do
+//
+// It does not make external side effects (HTTP, email) exactly once: keep
+// them out of the handler and go through the effect ledger. It does not
+// clean up claims: the claim must outlive the broker's redelivery and any
+// replay window, or an old event would apply again.
+package inbox
