@@ -470,6 +470,15 @@ func (w *Worker) execute(ctx, bg context.Context, t *targetState, r row, log *sl
 		log.Warn("effect: lost the intent before the call; not executing", "err", err, "rows", n)
 		return
 	}
+	// If the database made us wait, the lease we just wrote may not cover
+	// the call any more; another worker could then take the row over and
+	// reconcile while our call is still in progress. Do not call: the row
+	// is in_flight on record, so it will be reconciled (not found → retried
+	// with the same key) after the lease expires.
+	if elapsed := w.now().Sub(now); elapsed > w.cfg.lease-w.cfg.callTimeout {
+		log.Warn("effect: attempt start took too long; not calling, the lease would not cover the call", "elapsed", elapsed)
+		return
+	}
 	in := r.in
 	in.Attempt = r.attempts + 1
 	r.attempts++
