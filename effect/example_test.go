@@ -102,4 +102,3 @@ func ExampleKey() {
 	// Output:
 	// fx1_dfaa16b90193933900bac728624d7c169fec193f262e92b69b99a5967f53cf4a
 }
-
