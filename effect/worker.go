@@ -475,7 +475,9 @@ func (w *Worker) execute(ctx, bg context.Context, t *targetState, r row, log *sl
 	// reconcile while our call is still in progress. Do not call: the row
 	// is in_flight on record, so it will be reconciled (not found → retried
 	// with the same key) after the lease expires.
-	if elapsed := w.now().Sub(now); elapsed > w.cfg.lease-w.cfg.callTimeout {
+	// The slack left after the call, at least (lease − call timeout)/2,
+	// absorbs clock differences between workers.
+	if elapsed := w.now().Sub(now); elapsed > (w.cfg.lease-w.cfg.callTimeout)/2 {
 		log.Warn("effect: attempt start took too long; not calling, the lease would not cover the call", "elapsed", elapsed)
 		return
 	}
