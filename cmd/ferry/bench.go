@@ -10,5 +10,6 @@ func newBenchCmd() *cobra.Command {
 		Short: "Benchmarks: produce (outbox write cost on Postgres)",
 	}
 	cmd.AddCommand(newBenchProduceCmd())
+	cmd.AddCommand(newBenchConsumeCmd())
 	return cmd
 }

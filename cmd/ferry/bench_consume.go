@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/inbox"
+	"github.com/ferryhq/ferry/migrate"
+)
+
+func newBenchConsumeCmd() *cobra.Command {
+	var (
+		sf         storeFlags
+		natsURL    string
+		events     int
+		aggregates int
+		workers    int
+		batches    []int
+		asJSON     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "consume",
+		Short: "Consumer apply rate: NATS JetStream → inbox → Postgres, tx per message vs batch",
+		Long: `Publishes --events events over --aggregates aggregates into a JetStream
+stream (an embedded server unless --nats-url is given), then runs an inbox
+consumer over them with a handler that writes one row, once per --batch
+value (1 = one transaction per message), and reports events applied per
+second from the first delivery to the last commit. Each run uses its own
+stream and consumer name. Creates bench_consume_effects and Ferry's tables
+in the connection's search_path.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			applyEnv(cmd)
+			ctx := cmd.Context()
+			if sf.url == "" {
+				return fmt.Errorf("no database: set --database-url or FERRY_DATABASE_URL (Postgres)")
+			}
+			if events < 1 || aggregates < 1 || workers < 1 {
+				return fmt.Errorf("--events, --aggregates and --workers must be >= 1")
+			}
+			cfg, err := pgxpool.ParseConfig(sf.url)
+			if err != nil {
+				return fmt.Errorf("database-url: %w", err)
+			}
+			cfg.MaxConns = int32(workers + 4)
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			drv := pgxv5.New(pool)
+			if _, err := migrate.Up(ctx, drv, sf.tables()); err != nil {
+				return err
+			}
+			if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_consume_effects (
+				event_id uuid PRIMARY KEY, aggregate_id text NOT NULL, seq bigint NOT NULL)`); err != nil {
+				return err
+			}
+			url := natsURL
+			if url == "" {
+				emb, err := natsjs.StartEmbedded()
+				if err != nil {
+					return err
+				}
+				defer emb.Close()
+				url = emb.ClientURL()
+			}
+			type row struct {
+				Batch     int     `json:"batch"`
+				Events    int     `json:"events"`
+				Seconds   float64 `json:"seconds"`
+				PerSecond float64 `json:"events_per_sec"`
+			}
+			var out []row
+			for _, b := range batches {
+				secs, err := benchConsumeOnce(ctx, drv, sf.tables(), url, events, aggregates, workers, b)
+				if err != nil {
+					return err
+				}
+				out = append(out, row{Batch: b, Events: events, Seconds: secs, PerSecond: float64(events) / secs})
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(out)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "batch\tevents\tseconds\tevents/s")
+			for _, r := range out {
+				fmt.Fprintf(tw, "%d\t%d\t%.2f\t%.0f\n", r.Batch, r.Events, r.Seconds, r.PerSecond)
+			}
+			return tw.Flush()
+		},
+	}
+	sf.register(cmd)
+	cmd.Flags().StringVar(&natsURL, "nats-url", "", "NATS server with JetStream (default: an embedded server)")
+	cmd.Flags().IntVar(&events, "events", 20000, "events to publish and apply per run")
+	cmd.Flags().IntVar(&aggregates, "aggregates", 1000, "aggregates the events are spread over")
+	cmd.Flags().IntVar(&workers, "workers", 8, "inbox workers (parallel aggregates)")
+	cmd.Flags().IntSliceVar(&batches, "batch", []int{1, 100}, "batch sizes to run (1 = one transaction per message)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// benchConsumeOnce publishes events into a fresh stream and times one
+// inbox consumer applying them all.
+func benchConsumeOnce(ctx context.Context, drv *pgxv5.Driver, tables ferry.Tables, url string, events, aggregates, workers, batch int) (float64, error) {
+	run := fmt.Sprintf("b%d", time.Now().UnixNano())
+	nc, err := natsjs.Connect(url)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	pub, err := natsjs.NewPublisher(nc)
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	stream, subject := "BENCH_"+run, "bench."+run
+	if _, err := natsjs.EnsureStream(ctx, pub.JetStream(), natsjs.StreamConfig{Name: stream, Subjects: []string{subject}}); err != nil {
+		return 0, err
+	}
+	defer func() { _ = pub.JetStream().DeleteStream(context.WithoutCancel(ctx), stream) }()
+	evs := make([]ferry.Event, 0, 1000)
+	now := time.Now().UTC()
+	for i := range events {
+		id, err := ferry.NewEventID()
+		if err != nil {
+			return 0, err
+		}
+		evs = append(evs, ferry.Event{ID: id, TenantID: "bench", AggregateType: "order", AggregateID: fmt.Sprintf("%s-%d", run, i%aggregates),
+			AggregateSeq: int64(i/aggregates + 1), EventType: "order.paid", SchemaVersion: 1, ContentType: "application/json",
+			Payload: []byte(`{"qty":1}`), OccurredAt: now, Topic: subject})
+		if len(evs) == cap(evs) || i == events-1 {
+			for _, r := range pub.Publish(ctx, evs) {
+				if r.Err != nil {
+					return 0, r.Err
+				}
+			}
+			evs = evs[:0]
+		}
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO bench_consume_effects (event_id, aggregate_id, seq) VALUES ($1, $2, $3)`,
+			ev.ID.String(), ev.AggregateID, ev.AggregateSeq)
+		return err
+	}
+	ib, err := inbox.New[pgx.Tx](drv, "bench-"+run, handler, inbox.WithTables[pgx.Tx](tables),
+		inbox.WithWorkers[pgx.Tx](workers), inbox.WithBatch[pgx.Tx](batch, 2*time.Millisecond), inbox.WithQueue[pgx.Tx](256),
+		inbox.WithLogger[pgx.Tx](slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		return 0, err
+	}
+	consumer, err := natsjs.NewConsumer(ctx, nc, stream, "bench", natsjs.WithMaxAckPending(4096))
+	if err != nil {
+		return 0, err
+	}
+	defer consumer.Close()
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- ib.Run(runCtx, consumer) }()
+	for ib.Stats().Applied < int64(events) {
+		select {
+		case err := <-done:
+			return 0, fmt.Errorf("consumer stopped early: %w", err)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	elapsed := time.Since(start)
+	stop()
+	if err := <-done; err != nil {
+		return 0, err
+	}
+	return elapsed.Seconds(), nil
+}
