@@ -40,6 +40,15 @@ func newPostgres(t *testing.T, opts ...ops.Option) *env {
 	return e
 }
 
+// newPostgresB is newPostgres for benchmarks.
+func newPostgresB(b *testing.B, opts ...ops.Option) *env {
+	b.Helper()
+	s := testenv.NewPostgresSchema(b)
+	e := setupTB(b, "postgres", pgxv5.New(s.Pool), opts...)
+	e.pg = s
+	return e
+}
+
 func newSQLite(t *testing.T, opts ...ops.Option) *env {
 	t.Helper()
 	db, _ := testenv.NewSQLite(t)
@@ -47,6 +56,11 @@ func newSQLite(t *testing.T, opts ...ops.Option) *env {
 }
 
 func setup[TTx any](t *testing.T, name string, drv driver.Driver[TTx], opts ...ops.Option) *env {
+	t.Helper()
+	return setupTB(t, name, drv, opts...)
+}
+
+func setupTB[TTx any](t testing.TB, name string, drv driver.Driver[TTx], opts ...ops.Option) *env {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := migrate.Up(ctx, drv, tables); err != nil {
