@@ -285,10 +285,16 @@ func (o *Ops) requestParked(ctx context.Context, f ParkedFilter, a Approval, kin
 		if !a.Approve {
 			return nil
 		}
-		ids := make([]string, len(ps))
+		// The audit names each row as parked:<id> and by its event id, so
+		// evidence for the event finds the request.
+		ids := make([]string, 0, 2*len(ps))
 		keys := make([]any, len(ps))
 		for i, p := range ps {
-			ids[i], keys[i] = fmt.Sprint(p.ID), p.ID
+			keys[i] = p.ID
+			ids = append(ids, fmt.Sprintf("parked:%d", p.ID))
+			if p.EventID != "" {
+				ids = append(ids, p.EventID)
+			}
 		}
 		auditID, err := o.writeAudit(ctx, tx, action, a, f, ids, res.Rows)
 		if err != nil {
@@ -355,20 +361,20 @@ func (o *Ops) ProcessReplayRequests(ctx context.Context, r Replayer) ([]Processe
 		return nil, err
 	}
 	exec := o.db.Executor()
-	rows, err := exec.Query(ctx, fmt.Sprintf(`SELECT id, replay_request, replay_audit_id FROM %s
-WHERE consumer = $1 AND replay_requested_at IS NOT NULL ORDER BY id LIMIT %d`, o.t("inbox_parked"), MaxRequestsPerPass), r.Name())
+	rows, err := exec.Query(ctx, fmt.Sprintf(`SELECT id, replay_request, replay_audit_id, COALESCE(%s, '') FROM %s
+WHERE consumer = $1 AND replay_requested_at IS NOT NULL ORDER BY id LIMIT %d`, o.uuidText("event_id"), o.t("inbox_parked"), MaxRequestsPerPass), r.Name())
 	if err != nil {
 		return nil, fmt.Errorf("ops: read replay requests: %w", err)
 	}
 	type req struct {
-		id, audit int64
-		kind      string
+		id, audit     int64
+		kind, eventID string
 	}
 	var reqs []req
 	for rows.Next() {
 		var q req
 		var audit *int64
-		if err := rows.Scan(&q.id, &q.kind, &audit); err != nil {
+		if err := rows.Scan(&q.id, &q.kind, &audit, &q.eventID); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("ops: read replay requests: %w", err)
 		}
@@ -422,8 +428,12 @@ WHERE consumer = $1 AND replay_requested_at IS NOT NULL ORDER BY id LIMIT %d`, o
 				o.t("inbox_parked")), q.id, q.audit); err != nil {
 				return fmt.Errorf("ops: clear replay request: %w", err)
 			}
+			ids := []string{fmt.Sprintf("parked:%d", q.id)}
+			if q.eventID != "" {
+				ids = append(ids, q.eventID)
+			}
 			_, err := o.writeAudit(ctx, tx, "parked."+strings.ReplaceAll(q.kind, "_", "-")+".done",
-				Approval{Actor: "consumer/" + r.Name(), Reason: fmt.Sprintf("operator request, audit #%d", q.audit)}, pr, []string{fmt.Sprint(q.id)}, 1)
+				Approval{Actor: "consumer/" + r.Name(), Reason: fmt.Sprintf("operator request, audit #%d", q.audit)}, pr, ids, 1)
 			return err
 		})
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -281,6 +282,22 @@ func TestParkedUnauthorizedReplayStaysParkedWhilePolicyDenies(t *testing.T) {
 	}
 	if open, _ := p.ops.ListParked(ctx, ops_parkedFilter("billing", "")); len(open) != 0 {
 		t.Fatalf("still parked: %+v", open)
+	}
+	// Evidence tells the whole story: parked, two requests, two outcomes, applied.
+	evd, err := p.ops.Evidence(ctx, ev.ID.String(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := evd.Events[0]
+	var actions []string
+	for _, a := range x.Audit {
+		actions = append(actions, a.Action)
+	}
+	if got := strings.Join(actions, ","); got != "parked.replay,parked.replay.done,parked.replay,parked.replay.done" {
+		t.Fatalf("audit for the event: %s", got)
+	}
+	if len(x.Parked) != 1 || x.Parked[0].ResolvedAt == nil || x.Parked[0].Reason != "unauthorized" || len(x.Applied) != 1 {
+		t.Fatalf("evidence parked %+v applied %+v", x.Parked, x.Applied)
 	}
 }
 

@@ -114,7 +114,9 @@ type CDCSlotStatus struct {
 func (o *Ops) Status(ctx context.Context) (Status, error) {
 	exec := o.db.Executor()
 	now := o.now()
-	st := Status{At: now}
+	// Empty lists, not nulls, for programs reading --json.
+	st := Status{At: now, Topics: []TopicStatus{}, Shards: []ShardStatus{}, Relays: []RelayStatus{},
+		Consumers: []ConsumerStatus{}, Effects: []EffectStatus{}}
 	var err error
 	if st.Window, err = o.replayWindow(ctx, exec); err != nil {
 		return st, err
