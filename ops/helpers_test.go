@@ -2,6 +2,7 @@ package ops_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -27,6 +28,7 @@ type env struct {
 	insert  func(t testing.TB, evs ...ferry.Event) []ferry.Event
 	dialect driver.Dialect
 	pg      *testenv.PostgresSchema // Postgres only
+	sqlDB   *sql.DB                 // SQLite only
 }
 
 var tables = ferry.Tables{}
@@ -52,7 +54,9 @@ func newPostgresB(b *testing.B, opts ...ops.Option) *env {
 func newSQLite(t *testing.T, opts ...ops.Option) *env {
 	t.Helper()
 	db, _ := testenv.NewSQLite(t)
-	return setup(t, "sqlite", databasesql.New(db, driver.SQLite), opts...)
+	e := setup(t, "sqlite", databasesql.New(db, driver.SQLite), opts...)
+	e.sqlDB = db
+	return e
 }
 
 func setup[TTx any](t *testing.T, name string, drv driver.Driver[TTx], opts ...ops.Option) *env {
