@@ -12,6 +12,10 @@ import (
 	"github.com/ferryhq/ferry/driver"
 )
 
+// errNeedSavepoints: the optimistic pass of a batch hit a message that
+// must be undone alone.
+var errNeedSavepoints = errors.New("inbox: batch needs savepoints")
+
 // txTally counts what a transaction did beyond its own messages (gap
 // successors applied from the parking lot); it is added to the metrics only
 // after the commit.
@@ -24,7 +28,16 @@ type txTally struct {
 // Messages that must be retried are nacked with backoff. It returns a
 // *FaultError when a fault hook simulated a crash (nothing was acked).
 func (ib *Inbox[TTx]) process(ctx context.Context, msgs []*message) error {
-	tally, err := ib.applyTx(ctx, msgs)
+	tally, err := ib.applyTx(ctx, msgs, ib.cfg.alwaysSavepoints)
+	if errors.Is(err, errNeedSavepoints) {
+		// A message of the batch failed: nothing was committed; run the
+		// batch again with a savepoint per message so the failure is
+		// undone alone and its neighbours commit.
+		for _, m := range msgs {
+			m.outcome, m.reason, m.errText, m.delay = "", "", "", 0
+		}
+		tally, err = ib.applyTx(ctx, msgs, true)
+	}
 	var fe *FaultError
 	if errors.As(err, &fe) {
 		return err
@@ -146,14 +159,22 @@ func (ib *Inbox[TTx]) count(msgs []*message, t txTally) {
 
 // applyTx is the transaction of process. On an error return nothing was
 // committed.
-func (ib *Inbox[TTx]) applyTx(ctx context.Context, msgs []*message) (txTally, error) {
+//
+// A batch (more than one message) first runs optimistically, without
+// savepoints: each costs a round trip and a subtransaction, and almost
+// every batch needs none. If any message must be undone (handler error,
+// denial, lost race) the optimistic pass returns errNeedSavepoints having
+// committed nothing, and process re-runs the batch with withSP, a
+// savepoint per message.
+func (ib *Inbox[TTx]) applyTx(ctx context.Context, msgs []*message, withSP bool) (txTally, error) {
 	var tally txTally
 	txv, tx, err := ib.drv.BeginTx(ctx)
 	if err != nil {
 		return tally, fmt.Errorf("inbox: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	useSP := len(msgs) > 1
+	useSP := len(msgs) > 1 && withSP
+	optimistic := len(msgs) > 1 && !withSP
 	for i, m := range msgs {
 		if m.invalid != nil {
 			if err := ib.parkLive(ctx, tx, m, ReasonUndecodable, m.invalid.Error(), nil); err != nil {
@@ -167,6 +188,9 @@ func (ib *Inbox[TTx]) applyTx(ctx context.Context, msgs []*message) (txTally, er
 			}
 		}
 		res, err := ib.step(ctx, txv, tx, m, false, ib.cfg.nonAtomicTest)
+		if optimistic && (err != nil || res.kind.needsUndo()) {
+			return tally, errNeedSavepoints
+		}
 		if err != nil {
 			if !useSP {
 				m.outcome, m.errText, m.delay = OutcomeRetry, err.Error(), ib.retryDelay(m, errors.Is(err, errConcurrent))

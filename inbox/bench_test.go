@@ -112,3 +112,39 @@ func benchEvents(b testing.TB, n, aggregates int) []ferry.Event {
 	}
 	return evs
 }
+
+// BenchmarkBatchCore is batch mode without a broker: one goroutine applies
+// batches of 100 messages (claim + handler each, one commit), optimistic
+// (savepoints only when a message fails) and with a savepoint per message
+// always. It isolates the database cost per message from the broker's.
+func BenchmarkBatchCore(b *testing.B) {
+	s := newNATSStack(b)
+	for _, always := range []bool{false, true} {
+		name := "optimistic"
+		if always {
+			name = "savepoint-per-message"
+		}
+		b.Run(name, func(b *testing.B) {
+			ib, err := New[pgx.Tx](s.drv, fmt.Sprintf("batchcore-%s-%d", name, b.N), pgxEffect)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ib.cfg.alwaysSavepoints = always
+			evs := benchEvents(b, b.N, 1000)
+			b.ResetTimer()
+			for lo := 0; lo < b.N; lo += 100 {
+				var msgs []*message
+				for _, ev := range evs[lo:min(lo+100, b.N)] {
+					msgs = append(msgs, newMessage(delivery(ev, 1, &settled{})))
+				}
+				if err := ib.process(context.Background(), msgs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			if ib.Stats().Applied != int64(b.N) {
+				b.Fatalf("applied %d of %d", ib.Stats().Applied, b.N)
+			}
+		})
+	}
+}

@@ -88,6 +88,8 @@ type config[TTx any] struct {
 	lag           func(ctx context.Context) (int64, error)
 	now           func() time.Time
 	nonAtomicTest bool // negative control: claim and effect in separate transactions
+	// alwaysSavepoints skips the optimistic batch pass (benchmarks compare).
+	alwaysSavepoints bool
 }
 
 // Option configures an Inbox.
