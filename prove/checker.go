@@ -197,6 +197,11 @@ func collect(ctx context.Context, e *env) (*truth, error) {
 	}); err != nil {
 		return nil, err
 	}
+	for id, o := range e.outboxSnap {
+		if _, ok := t.outbox[id]; !ok {
+			t.outbox[id] = o // deleted by a cleanup after the snapshot
+		}
+	}
 	var err error
 	if t.stream, err = e.stream.readAll(ctx); err != nil {
 		return nil, err
@@ -434,4 +439,19 @@ func check(e *env, t *truth) (Figures, []string) {
 		viol("%d aggregates with non-contiguous sequences", f.SequenceErrors)
 	}
 	return f, v
+}
+
+// snapshotOutbox remembers the outbox before a cleanup deletes sent rows,
+// so sequences and lag are still checked against what was committed.
+func (e *env) snapshotOutbox(ctx context.Context) error {
+	e.outboxSnap = map[string]outboxTruth{}
+	return scanRows(ctx, e.db.drv.Executor(), `SELECT event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, occurred_at FROM ferry_outbox`, func(s func(...any) error) error {
+		var id string
+		var o outboxTruth
+		if err := s(&id, &o.tenant, &o.typ, &o.agg, &o.seq, &o.occurred); err != nil {
+			return err
+		}
+		e.outboxSnap[id] = o
+		return nil
+	})
 }

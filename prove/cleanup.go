@@ -2,8 +2,10 @@ package prove
 
 import (
 	"context"
+
 	"errors"
 	"fmt"
+	"github.com/ferryhq/ferry/ops"
 	"sync"
 	"time"
 )
@@ -53,8 +55,18 @@ func cleanupInbox(ctx context.Context, e *env, retention time.Duration, guard bo
 // stream through a fresh subscription of the same consumer.
 func cleanupThenReplay(ctx context.Context, e *env, wg *sync.WaitGroup, inbox *refInbox) (string, error) {
 	var note string
+	if e.realInbox {
+		n, err := e.opsCleanup(ctx)
+		if err != nil {
+			return "", err
+		}
+		note = n
+	}
 	switch e.sc.cleanup {
 	case "guarded":
+		if e.realInbox {
+			break
+		}
 		_, err := cleanupInbox(ctx, e, 0, true)
 		if !errors.Is(err, ErrRetentionTooShort) {
 			return "", fmt.Errorf("prove: guarded cleanup accepted a zero retention (err=%v)", err)
@@ -65,6 +77,9 @@ func cleanupThenReplay(ctx context.Context, e *env, wg *sync.WaitGroup, inbox *r
 		}
 		note = fmt.Sprintf("cleanup with retention 0 refused; with retention = replay window deleted %d rows; full replay absorbed", n)
 	case "premature":
+		if e.realInbox {
+			break
+		}
 		n, err := cleanupInbox(ctx, e, 0, false)
 		if err != nil {
 			return "", err
@@ -77,7 +92,7 @@ func cleanupThenReplay(ctx context.Context, e *env, wg *sync.WaitGroup, inbox *r
 	}
 	replay := &refInbox{env: e, maxAttempts: inbox.maxAttempts, durable: durable, nonAtomic: inbox.nonAtomic, inlineEffect: inbox.inlineEffect}
 	if e.realInbox {
-		supervise(ctx, wg, e.log, "replay", func(ctx context.Context) error { return e.runRealInbox(ctx, durable, inbox.inlineEffect) })
+		supervise(ctx, wg, e.log, "replay", func(ctx context.Context) error { return e.runRealInbox(ctx, durable, inbox.inlineEffect, true) })
 	} else {
 		supervise(ctx, wg, e.log, "replay", replay.run)
 	}
@@ -95,4 +110,46 @@ func cleanupThenReplay(ctx context.Context, e *env, wg *sync.WaitGroup, inbox *r
 	}
 	settle(ctx, e, e.cfg)
 	return note, nil
+}
+
+// opsCleanup runs package ops' cleanup against package inbox's tables. The
+// guarded scenario asks for a retention inside the replay window and must
+// be refused; the premature control first shortens the window (an audited
+// operator override, as a careless operator would) and then cleans.
+func (e *env) opsCleanup(ctx context.Context) (string, error) {
+	if err := e.snapshotOutbox(ctx); err != nil {
+		return "", err
+	}
+	o, err := ops.New(e.db.drv, ops.WithLogger(e.log))
+	if err != nil {
+		return "", fmt.Errorf("prove: ops: %w", err)
+	}
+	approve := ops.Approval{Approve: true, Actor: "ferry-prove", Reason: "prove scenario " + e.sc.name}
+	switch e.sc.cleanup {
+	case "guarded":
+		_, err := o.Cleanup(ctx, ops.CleanupOptions{Retention: time.Second}, approve)
+		if !errors.Is(err, ops.ErrRetentionTooShort) {
+			return "", fmt.Errorf("prove: ops cleanup accepted a 1s retention inside the replay window (err=%v)", err)
+		}
+		w, err := o.ReplayWindow(ctx)
+		if err != nil {
+			return "", err
+		}
+		res, err := o.Cleanup(ctx, ops.CleanupOptions{Retention: w.Min()}, approve)
+		if err != nil {
+			return "", fmt.Errorf("prove: ops cleanup: %w", err)
+		}
+		return fmt.Sprintf("ops cleanup with retention 1s refused (replay window %s); with retention %s deleted %d inbox rows; full replay absorbed",
+			w.Min(), w.Min(), res.Inbox), nil
+	default: // premature
+		if _, err := o.SetReplayWindow(ctx, ops.Window{BrokerDedupWindow: time.Second, InboxReplayHorizon: time.Second}, approve); err != nil {
+			return "", fmt.Errorf("prove: shorten window: %w", err)
+		}
+		sleepCtx(ctx, 1100*time.Millisecond)
+		res, err := o.Cleanup(ctx, ops.CleanupOptions{Retention: time.Second}, approve)
+		if err != nil {
+			return "", fmt.Errorf("prove: ops cleanup: %w", err)
+		}
+		return fmt.Sprintf("replay window shortened to 1s by an operator; ops cleanup deleted %d inbox rows before a full replay", res.Inbox), nil
+	}
 }

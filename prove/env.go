@@ -41,6 +41,8 @@ type env struct {
 	// realInbox: package inbox consumes (else prove's reference inbox).
 	realInbox bool
 
+	outboxSnap map[string]outboxTruth // outbox before a cleanup
+
 	// pubURL is where relays connect (a fault proxy in the outage scenario).
 	pubURL string
 
@@ -177,9 +179,25 @@ func (e *env) components() []string {
 	} else {
 		c = append(c, "prove:reference-inbox")
 	}
-	c = append(c, "prove:reference-effect-ledger", "prove:fake-provider")
+	if e.realInbox {
+		c = append(c, "ferry:effect")
+	} else {
+		c = append(c, "prove:reference-effect-ledger")
+	}
+	c = append(c, "prove:fake-provider")
 	if sc.outage {
 		c = append(c, "internal/faultproxy")
 	}
+	if sc.cleanup != "" && e.realInbox {
+		c = append(c, "ferry:ops(cleanup)")
+	}
 	return c
+}
+
+// openEffectsSQL counts effect intents not yet finished.
+func (e *env) openEffectsSQL() string {
+	if e.realInbox {
+		return `SELECT COUNT(*) FROM ferry_effects WHERE state NOT IN ('succeeded', 'failed')`
+	}
+	return `SELECT COUNT(*) FROM prove_ledger WHERE status <> 'succeeded'`
 }

@@ -48,7 +48,7 @@ var supportedSchemas = []inbox.SchemaKey{
 // runRealInbox runs package inbox as the consumer until ctx ends or a
 // planned fault crashes it. The handler is the scenario's business
 // effect: an applied-log row and, for payments, an effect intent.
-func (e *env) runRealInbox(ctx context.Context, durable string, inlineEffect bool) error {
+func (e *env) runRealInbox(ctx context.Context, durable string, inlineEffect, unordered bool) error {
 	cons, err := newNATSConsumer(ctx, e.stream.url, e.stream.name, durable)
 	if err != nil {
 		return err
@@ -74,7 +74,7 @@ func (e *env) runRealInbox(ctx context.Context, durable string, inlineEffect boo
 			e.provider.charge(key(id), id) // the broken way: no ledger
 			return nil
 		}
-		return e.recordIntent(ctx, tx, ev)
+		return e.recordRealIntent(ctx, tx, ev)
 	}
 	authorize := func(ctx context.Context, tx *sql.Tx, ev ferry.Event) error {
 		rows, err := tx.QueryContext(ctx, `SELECT allowed FROM prove_policy WHERE principal = $1 AND action = '*'`, ev.Headers.Principal)
@@ -107,30 +107,25 @@ func (e *env) runRealInbox(ctx context.Context, durable string, inlineEffect boo
 			return nil
 		},
 	}
-	ib, err := inbox.New(e.db.drv, consumerName, handler,
+	opts := []inbox.Option[*sql.Tx]{
 		inbox.WithSchemas[*sql.Tx](supportedSchemas...),
 		inbox.WithAuthorizer(authorize),
 		inbox.WithMaxAttempts[*sql.Tx](3),
 		inbox.WithBackoff[*sql.Tx](20*time.Millisecond, 200*time.Millisecond),
-		inbox.WithHealInterval[*sql.Tx](100*time.Millisecond),
-		inbox.WithDrainTimeout[*sql.Tx](2*time.Second),
+		inbox.WithHealInterval[*sql.Tx](100 * time.Millisecond),
+		inbox.WithDrainTimeout[*sql.Tx](2 * time.Second),
 		inbox.WithLogger[*sql.Tx](e.log),
 		inbox.WithRegisterer[*sql.Tx](prometheus.WrapRegistererWith(prometheus.Labels{"prove_instance": randHex(3)}, e.reg)),
-		inbox.WithFaults[*sql.Tx](faults))
+		inbox.WithFaults[*sql.Tx](faults),
+	}
+	if unordered {
+		// A consumer whose effects commute: no cursor, so the inbox's
+		// dedup rows are its only protection against a replay.
+		opts = append(opts, inbox.WithoutOrdering[*sql.Tx]())
+	}
+	ib, err := inbox.New(e.db.drv, consumerName, handler, opts...)
 	if err != nil {
 		return fmt.Errorf("prove: inbox: %w", err)
 	}
 	return ib.Run(ctx, &faultConsumer{Consumer: cons, env: e})
-}
-
-// recordIntent writes the payment's effect intent in the consumer's
-// transaction (the reference ledger table).
-func (e *env) recordIntent(ctx context.Context, tx *sql.Tx, ev ferry.Event) error {
-	id := ev.ID.String()
-	_, err := tx.ExecContext(ctx, `INSERT INTO prove_ledger (idem_key, event_id, tenant_id, order_id, status, updated_at) VALUES ($1, $2, $3, $4, 'pending', $5) ON CONFLICT DO NOTHING`,
-		key(id), id, ev.TenantID, ev.AggregateID, time.Now().UnixNano())
-	if err != nil {
-		return fmt.Errorf("ledger: %w", err)
-	}
-	return nil
 }

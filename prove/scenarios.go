@@ -282,7 +282,9 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	inbox := &refInbox{env: e, maxAttempts: 3, nonAtomic: sc.nonAtomic, inlineEffect: sc.inlineEffect || cfg.broken == "no-ledger"}
 	startConsumer := func() {
 		if e.realInbox {
-			supervise(runCtx, &wg, e.log, "inbox", func(ctx context.Context) error { return e.runRealInbox(ctx, "prove", inbox.inlineEffect) })
+			supervise(runCtx, &wg, e.log, "inbox", func(ctx context.Context) error {
+				return e.runRealInbox(ctx, "prove", inbox.inlineEffect, sc.cleanup != "")
+			})
 			return
 		}
 		supervise(runCtx, &wg, e.log, "inbox", inbox.run)
@@ -290,7 +292,11 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	if !sc.revokeBeforeConsume {
 		startConsumer()
 	}
-	supervise(runCtx, &wg, e.log, "effects", (&refEffects{env: e, unknownAfter: 300 * time.Millisecond}).run)
+	if e.realInbox {
+		supervise(runCtx, &wg, e.log, "effects", e.runRealEffects)
+	} else {
+		supervise(runCtx, &wg, e.log, "effects", (&refEffects{env: e, unknownAfter: 300 * time.Millisecond}).run)
+	}
 
 	// The outage: black hole, then reset every connection, then heal.
 	outageDone := make(chan struct{})
@@ -450,7 +456,7 @@ func progressState(ctx context.Context, e *env) (string, bool, error) {
  OR `+e.openParkedSQL(), &handled); err != nil {
 		return "", false, err
 	}
-	if err := q(`SELECT COUNT(*) FROM prove_ledger WHERE status <> 'succeeded'`, &ledgerOpen); err != nil {
+	if err := q(e.openEffectsSQL(), &ledgerOpen); err != nil {
 		return "", false, err
 	}
 	// Unsent outbox rows mean a relay still owes a (re)publish: a crash
