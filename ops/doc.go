@@ -16,8 +16,12 @@
 // expiry); per relay instance its live shards (the breaker state is not in
 // the tables; it is the relay's ferry_relay_breaker_open metric); per
 // consumer the applied rate, parked messages by reason with the oldest age
-// and open gaps; effect intents by state with the oldest unknown; CDC slot
-// lag. Tables that are not installed are listed in Status.Missing.
+// and open gaps; open effect intents by state (pending, in_flight,
+// unknown) with the oldest unknown; CDC slot lag. Tables that are not
+// installed are listed in Status.Missing. Status never scans the bulk of a
+// table: the outbox is read through its unsent rows, the inbox by index
+// probes per consumer, the effect ledger through its open-intent index —
+// so a scrape costs in proportion to the backlog, not to history.
 //
 // [Collector] exports the same numbers as ferry_ops_* Prometheus gauges at
 // scrape time (`ferry status --metrics-addr :9188`). It runs apart from the

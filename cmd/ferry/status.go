@@ -310,7 +310,7 @@ func printStatus(w io.Writer, st ops.Status) {
 		fmt.Fprintln(w)
 	}
 	if len(st.Consumers) > 0 {
-		fmt.Fprintln(tw, "CONSUMER\tAPPLIED/S (1m)\tAPPLIED TOTAL\tPARKED (reason: count, oldest)\tOPEN GAPS\tOLDEST GAP")
+		fmt.Fprintln(tw, "CONSUMER\tAPPLIED/S (1m)\tLAST APPLIED\tPARKED (reason: count, oldest)\tOPEN GAPS\tOLDEST GAP")
 		for _, c := range st.Consumers {
 			var parked []string
 			for _, p := range c.Parked {
@@ -319,16 +319,16 @@ func printStatus(w io.Writer, st ops.Status) {
 			if len(parked) == 0 {
 				parked = []string{"-"}
 			}
-			fmt.Fprintf(tw, "%s\t%.2f\t%d\t%s\t%d\t%s\n", c.Consumer, c.AppliedPerSecond, c.AppliedTotal, strings.Join(parked, "; "), c.OpenGaps, age(c.OldestGapAge))
+			fmt.Fprintf(tw, "%s\t%.2f\t%s\t%s\t%d\t%s\n", c.Consumer, c.AppliedPerSecond, ts(c.LastAppliedAt), strings.Join(parked, "; "), c.OpenGaps, age(c.OldestGapAge))
 		}
 		_ = tw.Flush()
 		fmt.Fprintln(w)
 	}
 	if len(st.Effects) > 0 {
-		fmt.Fprintln(tw, "EFFECTS\tPENDING\tIN FLIGHT\tSUCCEEDED\tFAILED\tUNKNOWN\tOLDEST UNKNOWN")
+		fmt.Fprintln(tw, "OPEN EFFECTS\tPENDING\tIN FLIGHT\tUNKNOWN\tOLDEST UNKNOWN")
 		for _, e := range st.Effects {
 			b := e.ByState
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", e.Consumer, b["pending"], b["in_flight"], b["succeeded"], b["failed"], b["unknown"], age(e.OldestUnknownAge))
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", e.Consumer, b["pending"], b["in_flight"], b["unknown"], age(e.OldestUnknownAge))
 		}
 		_ = tw.Flush()
 		fmt.Fprintln(w)
