@@ -32,7 +32,8 @@ type relayProc struct {
 	id     string
 	cmd    *exec.Cmd
 	stderr *lockedBuffer
-	done   chan error
+	done   chan struct{} // closed when the process has exited
+	err    error         // Wait's result, valid after done
 }
 
 type lockedBuffer struct {
@@ -54,14 +55,17 @@ func (l *lockedBuffer) String() string {
 
 func startRelayProc(t *testing.T, bin, id string, args ...string) *relayProc {
 	t.Helper()
-	p := &relayProc{id: id, stderr: &lockedBuffer{}, done: make(chan error, 1)}
+	p := &relayProc{id: id, stderr: &lockedBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, append([]string{"relay", "--instance-id", id}, args...)...)
 	p.cmd.Stderr = p.stderr
 	p.cmd.Env = os.Environ()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.done <- p.cmd.Wait() }()
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -159,11 +163,10 @@ func TestThreeRelayProcesses(t *testing.T) {
 	for _, p := range procs[1:] {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case err := <-p.done:
-			if err != nil {
-				t.Errorf("%s exited with %v after SIGTERM, want 0", p.id, err)
+		case <-p.done:
+			if p.err != nil {
+				t.Errorf("%s exited with %v after SIGTERM, want 0", p.id, p.err)
 			}
-			p.done <- err // for cleanup
 		case <-time.After(15 * time.Second):
 			t.Errorf("%s did not exit within 15s of SIGTERM", p.id)
 		}
