@@ -48,26 +48,33 @@
 // # Fault injection
 //
 // In-process faults go through the components' own hooks (relay.Faults:
-// crash after publish before mark, stall before publish; inbox.Faults: crash
-// after commit before ack, crash before commit), fire at event positions
-// drawn from the seed, and fire once per event. Process-level faults run the
-// relay as a subprocess (WithWorkerCommand) and SIGKILL it at seeded
-// moments. Network faults use internal/faultproxy, a TCP proxy in front of
-// the broker that black-holes, drops, delays and resets connections.
+// crash after publish before mark; inbox.Faults: crash after commit before
+// ack, crash before commit; effect.Faults: crash after the provider
+// succeeded, before the ledger write), fire at event positions drawn from
+// the seed, and fire once per event. Process-level faults run the relay as
+// a subprocess (WithWorkerCommand): SIGKILLed at seeded moments and
+// restarted, or frozen with SIGSTOP mid-batch past its lease expiry and
+// then resumed, when its late marks must be fenced. Network faults use
+// internal/faultproxy, a TCP proxy in front of the broker that black-holes,
+// drops, delays and resets connections.
 //
 // # Which components are real
 //
-// The outbox writer, migrations, CloudEvents encoding, package relay,
-// package inbox and the NATS JetStream server are Ferry's real code (the
-// relay and inbox can be swapped for prove's reference implementations with
-// WithReferenceRelay and WithReferenceInbox, a second implementation of the
-// same contract used to cross-check). The effect ledger and worker in the
-// scenarios are prove's reference implementation of the design's ledger
-// (pending → in_flight → succeeded, unknown resolved by a status query), and
-// the payment provider is a fake that does not deduplicate. The non-atomic
-// inbox control runs on the reference inbox (package inbox has no public
-// switch to break itself). Result.Components lists, per scenario, exactly
-// what ran.
+// Ferry's real code runs in every scenario except where a control needs a
+// broken part: the outbox writer, migrations, CloudEvents encoding,
+// package relay (in-process, and as the SIGKILLed or frozen subprocess),
+// package inbox (the consumer runtime, with its authorizer, schema check,
+// gap parking and healing), package effect (ledger and worker, with a
+// status-query reconciler) and package ops (cleanup and its retention
+// guard), over NATS JetStream. prove's own parts are the fake payment
+// provider (it does not deduplicate, so a blind retry shows as a second
+// charge), the JetStream client used to publish and consume, the naive
+// producer of the dual-write control, and the broken inbox of the
+// non-atomic control (package inbox has no public switch to break itself).
+// prove also carries a reference relay and a reference inbox + effect
+// ledger (WithReferenceRelay, WithReferenceInbox): a second implementation
+// of the same contract, used to cross-check the real ones.
+// Result.Components lists, per scenario, exactly what ran.
 //
 // # Reproducibility
 //

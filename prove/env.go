@@ -43,6 +43,9 @@ type env struct {
 
 	outboxSnap map[string]outboxTruth // outbox before a cleanup
 
+	stopping     bool        // a subprocess relay freezes itself (concurrent-relays)
+	stoppedRelay atomic.Bool // the frozen subprocess relay reported back
+
 	// pubURL is where relays connect (a fault proxy in the outage scenario).
 	pubURL string
 

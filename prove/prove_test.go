@@ -97,6 +97,8 @@ func TestEmbeddedMatrix(t *testing.T) {
 		"stale-authorization":            func(f Figures) bool { return f.ParkedByReason["unauthorized"] == 4 },
 		"external-success-local-failure": func(f Figures) bool { return f.Reconciliations > 0 },
 		"payload-leakage":                func(f Figures) bool { return f.Leaks == 0 },
+		"concurrent-relays":              func(f Figures) bool { return f.FencedWrites > 0 },
+		"cleanup-guarded":                func(f Figures) bool { return f.DuplicateDeliveries >= f.Committed }, // the replay happened
 	} {
 		if r, _ := rep.Result(name); !check(r.Figures) {
 			t.Errorf("%s: expected figure missing: %+v", name, r.Figures)

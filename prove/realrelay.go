@@ -23,6 +23,7 @@ const relayTTL = 300 * time.Millisecond
 type relayFaults struct {
 	pause         *atomic.Bool // first batch stalls 3 lease periods
 	markBeforeAck bool         // emulate the broken build through the hook
+	stopOnce      *atomic.Bool // freeze the whole process before the first publish
 }
 
 // runRealRelay runs one instance of the real relay (package relay) until
@@ -40,6 +41,9 @@ func (e *env) runRealRelay(ctx context.Context, name string, rf relayFaults) err
 				e.faults.Add(1)
 				e.log.Debug("prove: relay stalled past its lease", "relay_instance", id)
 				sleepCtx(ctx, 3*relayTTL)
+			}
+			if rf.stopOnce != nil && rf.stopOnce.CompareAndSwap(true, false) {
+				stopSelf() // returns when the parent sends SIGCONT
 			}
 			if rf.markBeforeAck {
 				// The broken build: rows marked sent before the broker

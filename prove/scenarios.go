@@ -65,10 +65,13 @@ func allScenarios() []*scenario {
 		{name: "consumer-ack-loss", desc: "consumer commits, then crashes before the ack; the redelivery is absorbed",
 			plan: planOptions{rollbackRate: 0.05, faultRates: map[int]float64{faultAckLoss: 0.03}}, relays: oneRelay},
 		{name: "concurrent-relays", desc: "three relays share the shards by lease; one stalls past its lease and is fenced",
-			plan: planOptions{rollbackRate: 0.05}, relays: 3, pauseRelay: true,
+			plan: planOptions{rollbackRate: 0.05}, relays: 3, pauseRelay: true, throttle: 5 * time.Millisecond,
 			extra: func(e *env, f *Figures, _ *truth) []string {
-				if f.FencedWrites == 0 && e.cfg.referenceRelay {
-					return []string{"the stalled relay's late mark was not fenced (or it never stalled)"}
+				switch {
+				case e.stopping && !e.stoppedRelay.Load():
+					return []string{"the subprocess relay never froze mid-batch: the fencing case was not exercised"}
+				case (e.stopping || e.cfg.referenceRelay) && f.FencedWrites == 0:
+					return []string{"the stalled relay's late mark was not fenced"}
 				}
 				return nil
 			}},
@@ -254,24 +257,40 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	defer func() { stop(); wg.Wait() }()
 
 	markBeforeAck := sc.markBeforeAck || cfg.broken == "mark-before-ack"
+	// concurrent-relays: with a worker command, one relay is a subprocess
+	// that freezes itself mid-batch (the whole process, heartbeat
+	// included) and must be fenced when it wakes. In-process, package
+	// relay keeps renewing its lease while one goroutine stalls, so only
+	// the reference relay's stall crosses lease expiry.
+	stopping := sc.pauseRelay && !cfg.referenceRelay && len(cfg.worker) > 0 && canStop
+	e.stopping = stopping
 	pause := &atomic.Bool{}
-	pause.Store(sc.pauseRelay)
-	for i := 0; i < sc.relays; i++ {
-		name := fmt.Sprintf("relay-%d", i)
-		po := pause // the first relay to fetch rows stalls
-		supervise(runCtx, &wg, e.log, name, func(ctx context.Context) error {
-			if cfg.referenceRelay {
-				pub, err := e.newPublisher()
-				if err != nil {
-					return err
+	pause.Store(sc.pauseRelay && !stopping)
+	startRelays := func() {
+		for i := 0; i < sc.relays; i++ {
+			name := fmt.Sprintf("relay-%d", i)
+			po := pause // the first relay to fetch rows stalls
+			supervise(runCtx, &wg, e.log, name, func(ctx context.Context) error {
+				if cfg.referenceRelay {
+					pub, err := e.newPublisher()
+					if err != nil {
+						return err
+					}
+					defer pub.Close()
+					r := &refRelay{env: e, id: name + "-" + randHex(3), pub: pub, ttl: relayTTL, held: map[int]int64{},
+						markBeforeAck: markBeforeAck, pauseOnce: po}
+					return r.run(ctx)
 				}
-				defer pub.Close()
-				r := &refRelay{env: e, id: name + "-" + randHex(3), pub: pub, ttl: relayTTL, held: map[int]int64{},
-					markBeforeAck: markBeforeAck, pauseOnce: po}
-				return r.run(ctx)
-			}
-			return e.runRealRelay(ctx, name, relayFaults{pause: po, markBeforeAck: markBeforeAck})
-		})
+				return e.runRealRelay(ctx, name, relayFaults{pause: po, markBeforeAck: markBeforeAck})
+			})
+		}
+	}
+	frozen, resumed := make(chan struct{}), make(chan struct{})
+	if stopping {
+		startStoppingRelay(runCtx, &wg, e, frozen, resumed)
+	} else {
+		close(resumed)
+		startRelays()
 	}
 	killsDone := make(chan struct{})
 	if sc.sigkill {
@@ -317,15 +336,30 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 
 	var txDone atomic.Int64
 	total := len(p.txs)
-	var perr error
-	if sc.naive {
-		perr = produceNaive(runCtx, e)
-	} else {
-		perr = produce(runCtx, db, w, p, cfg.producers, func() {
+	perrCh := make(chan error, 1)
+	go func() {
+		if sc.naive {
+			perrCh <- produceNaive(runCtx, e)
+			return
+		}
+		perrCh <- produce(runCtx, db, w, p, cfg.producers, func() {
 			sleepCtx(runCtx, sc.throttle)
 			n := txDone.Add(1)
 			prog.update("producing %d/%d transactions, %d faults fired", n, total, e.faults.Load())
 		})
+	}()
+	if stopping {
+		select {
+		case <-frozen:
+		case <-time.After(cfg.duration):
+		case <-runCtx.Done():
+		}
+		startRelays()
+	}
+	perr := <-perrCh
+	select {
+	case <-resumed:
+	case <-runCtx.Done():
 	}
 	if perr != nil {
 		return Figures{}, nil, "", nil, fmt.Errorf("prove: workload: %w", perr)

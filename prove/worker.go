@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,6 +37,15 @@ type workerJob struct {
 	Stream      string `json:"stream"`
 	ID          string `json:"id"`
 	Reference   bool   `json:"reference,omitempty"`
+	// StopOnce: freeze the whole process (SIGSTOP to itself) before the
+	// first publish; the parent resumes it after the lease expired.
+	StopOnce bool `json:"stop_once,omitempty"`
+}
+
+// workerReport is what a worker prints on stdout when it ends by SIGTERM.
+type workerReport struct {
+	Fenced uint64 `json:"fenced"`
+	Paused bool   `json:"paused"`
 }
 
 // IsWorker reports whether this process was started as a prove worker.
@@ -85,7 +95,12 @@ func RunWorker(ctx context.Context) error {
 		r := &refRelay{env: e, id: job.ID, pub: pub, ttl: relayTTL, held: map[int]int64{}}
 		return r.run(ctx)
 	}
-	return e.runRealRelay(ctx, job.ID, relayFaults{})
+	stop := &atomic.Bool{}
+	stop.Store(job.StopOnce)
+	err = e.runRealRelay(ctx, job.ID, relayFaults{stopOnce: stop})
+	rep, _ := json.Marshal(workerReport{Fenced: uint64(e.rec.fencedMarks.Load()), Paused: job.StopOnce && !stop.Load()})
+	fmt.Println(string(rep))
+	return err
 }
 
 // sigkillKills is how many times the relay subprocess is killed.
@@ -136,6 +151,67 @@ func startSigkillRelay(ctx context.Context, wg *sync.WaitGroup, e *env, killsDon
 			<-exited
 			if kills == sigkillKills && timer != nil {
 				close(killsDone)
+			}
+		}
+	}()
+}
+
+// startStoppingRelay runs one relay as a subprocess that freezes itself
+// (SIGSTOP) before its first publish. Once it is frozen, started (the
+// in-process relays) is closed; after 3 lease periods the process is
+// resumed, publishes its stale batch and must be fenced when it marks. At
+// the end it is asked to stop and reports its fenced writes.
+func startStoppingRelay(ctx context.Context, wg *sync.WaitGroup, e *env, frozen, resumed chan<- struct{}) {
+	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, NATSURL: e.pubURL, Stream: e.stream.name, ID: "relay-frozen", StopOnce: true})
+	argv := e.cfg.worker
+	var out syncBuffer
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), WorkerEnv+"="+string(job))
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		e.rec.err(fmt.Errorf("prove: start worker: %w", err))
+		close(frozen)
+		close(resumed)
+		return
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		once, once2 := sync.Once{}, sync.Once{}
+		signal := func() { once.Do(func() { close(frozen) }) }
+		woke := func() { once2.Do(func() { close(resumed) }) }
+		defer signal()
+		defer woke()
+		for ctx.Err() == nil && !isStopped(cmd.Process.Pid) {
+			select {
+			case <-exited:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		if ctx.Err() == nil {
+			e.faults.Add(1)
+			signal()
+			sleepCtx(ctx, 3*relayTTL)
+		}
+		resume(cmd.Process)
+		sleepCtx(ctx, 2*relayTTL) // let it publish its stale batch and try to mark
+		woke()
+		<-ctx.Done()
+		terminate(cmd.Process)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		var rep workerReport
+		for _, line := range strings.Split(out.String(), "\n") {
+			if json.Unmarshal([]byte(line), &rep) == nil && rep.Paused {
+				e.rec.fencedMarks.Add(int64(rep.Fenced))
+				e.stoppedRelay.Store(true)
 			}
 		}
 	}()
