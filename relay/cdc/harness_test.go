@@ -152,10 +152,10 @@ func (h *harness) start(pub broker.Publisher, extra ...cdc.Option) (*cdc.Relay, 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	waitFor(h.t, 20*time.Second, "relay active and caught up", func() bool {
+	waitForState(h.t, 20*time.Second, "relay active and caught up", func() bool {
 		st := r.Status()
 		return st.Role == cdc.RoleActive && !st.CatchingUp
-	})
+	}, func() any { return r.Status() })
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
@@ -215,9 +215,18 @@ func (h *harness) statusCounts(ctx context.Context) map[string]int {
 // waitFor polls cond until it holds or timeout.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	waitForState(t, timeout, what, cond, nil)
+}
+
+// waitForState is waitFor that reports state() on timeout.
+func waitForState(t testing.TB, timeout time.Duration, what string, cond func() bool, state func() any) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
+			if state != nil {
+				t.Fatalf("timed out after %v waiting for %s; state: %+v", timeout, what, state())
+			}
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -366,9 +366,12 @@ func TestStandbyTakesOver(t *testing.T) {
 			t.Errorf("relay b: %v", err)
 		}
 	}()
-	waitFor(t, 10*time.Second, "b standing by", func() bool { return b.Status().Role == cdc.RoleStandby })
+	bstate := func() any { return fmt.Sprintf("a=%+v b=%+v", a.Status(), b.Status()) }
+	waitForState(t, 20*time.Second, "b standing by", func() bool { return b.Status().Role == cdc.RoleStandby }, bstate)
 	first := h.insert(ctx, 10, 2)
-	n.read(10*time.Second, allDelivered(first))
+	if v := judge(first, n.read(20*time.Second, allDelivered(first))); v.lost != 0 {
+		t.Fatalf("a did not publish the first batch: %+v; %v", v, bstate())
+	}
 	if b.Status().Role != cdc.RoleStandby || pubB.calls.Load() != 0 {
 		t.Fatalf("standby published while the active relay held the slot: role %s, calls %d", b.Status().Role, pubB.calls.Load())
 	}
@@ -376,12 +379,12 @@ func TestStandbyTakesOver(t *testing.T) {
 		t.Fatalf("a: role %s", a.Status().Role)
 	}
 	stopA()
-	waitFor(t, 10*time.Second, "b active", func() bool { return b.Status().Role == cdc.RoleActive })
+	waitForState(t, 20*time.Second, "b active", func() bool { return b.Status().Role == cdc.RoleActive }, bstate)
 	second := h.insert(ctx, 10, 2)
 	all := append(first, second...)
-	got := n.read(10*time.Second, allDelivered(all))
+	got := n.read(20*time.Second, allDelivered(all))
 	if v := judge(all, got); v.lost != 0 || v.orderViolations != 0 || v.phantom != 0 {
-		t.Fatalf("after takeover: %+v", v)
+		t.Fatalf("after takeover: %+v; %v", v, bstate())
 	}
 	if pubB.ackedCount() < len(second) {
 		t.Fatalf("b acked %d events, want >= %d", pubB.ackedCount(), len(second))
