@@ -23,6 +23,7 @@ import (
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/kafka"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/rabbitmq"
 	"github.com/ferryhq/ferry/relay"
 )
 
@@ -53,6 +54,9 @@ type relayFlags struct {
 	topics      string
 	partitions  int
 	replication int
+	exchange    string
+	queue       string
+	bindingKeys string
 }
 
 func newRelayCmd() *cobra.Command {
@@ -69,10 +73,12 @@ cannot overwrite the new owner's work.
 Broker URLs:
   nats://host:4222          NATS JetStream (stream --stream capturing --subjects)
   kafka://host:9092[,host]  Kafka (topics --topics)
+  amqp://user:pass@host/    RabbitMQ (topic exchange --exchange, quorum queue --queue)
   embedded                  an in-process NATS JetStream server (store in --embedded-dir)
 
 At start the relay checks that the destination exists and is durable
-(JetStream: file storage and a duplicate window; Kafka: the topics exist)
+(JetStream: file storage and a duplicate window; Kafka: the topics exist;
+RabbitMQ: a durable exchange and, with --queue, a quorum queue bound to it)
 and refuses to run otherwise; --provision creates it instead.
 
 HTTP (--listen): /metrics (Prometheus), /healthz (process alive),
@@ -108,6 +114,9 @@ the leases and exits 0.`,
 	fl.StringVar(&f.topics, "topics", "", "Kafka: comma-separated topics to check (or create with --provision)")
 	fl.IntVar(&f.partitions, "partitions", 16, "Kafka --provision: partitions per topic")
 	fl.IntVar(&f.replication, "replication", 1, "Kafka --provision: replication factor")
+	fl.StringVar(&f.exchange, "exchange", "ferry", "RabbitMQ: durable topic exchange (routing key = event topic)")
+	fl.StringVar(&f.queue, "queue", "", "RabbitMQ: quorum queue bound to the exchange, checked or provisioned (optional)")
+	fl.StringVar(&f.bindingKeys, "binding-keys", "#", "RabbitMQ: comma-separated binding keys of --queue")
 	return cmd
 }
 
@@ -233,8 +242,26 @@ func openDestination(ctx context.Context, f *relayFlags, log *slog.Logger) (brok
 			return nil, nil, err
 		}
 		return pub, func() { _ = pub.Close() }, nil
+	case strings.HasPrefix(u, "amqp://"), strings.HasPrefix(u, "amqps://"):
+		top := rabbitmq.Topology{Exchange: f.exchange, Queue: f.queue, BindingKeys: relayList(f.bindingKeys)}
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		var err error
+		if f.provision {
+			err = rabbitmq.EnsureTopology(cctx, u, top)
+		} else if err = rabbitmq.CheckTopology(cctx, u, top); err != nil {
+			err = fmt.Errorf("%w (create it with --provision)", err)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("destination exchange %s: %w", f.exchange, err)
+		}
+		pub, err := rabbitmq.NewPublisher(u, rabbitmq.WithExchange(f.exchange), rabbitmq.WithLogger(log))
+		if err != nil {
+			return nil, nil, err
+		}
+		return pub, func() { _ = pub.Close() }, nil
 	}
-	return nil, nil, fmt.Errorf("--broker-url %q: want nats://…, kafka://host:port or embedded", u)
+	return nil, nil, fmt.Errorf("--broker-url %q: want nats://…, kafka://host:port, amqp://… or embedded", u)
 }
 
 func natsPublisher(ctx context.Context, url string, f *relayFlags, provision bool) (*natsjs.Publisher, error) {
