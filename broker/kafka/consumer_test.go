@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -317,5 +318,81 @@ func TestConsumerConfig(t *testing.T) {
 	}
 	if _, err := kafka.NewConsumer([]string{"x:1"}, "g", []string{"t"}, kafka.WithMaxPollRecords(0)); !errors.Is(err, ferry.ErrInvalidConfig) {
 		t.Fatalf("max poll 0: %v", err)
+	}
+}
+
+// TestRebalanceCommitsAckedPrefixOnRevoke: consumer A holds every
+// partition and acks everything but seq 3 of each aggregate; the periodic
+// commit is effectively off (1h), so only the revoke can commit. Member B
+// joins: for the partitions that move, B must start at A's first un-acked
+// offset — never earlier (that would mean the revoke did not commit A's
+// acked prefix) and never later (that would lose the held record). Then A
+// leaves without acking: B gets every held record.
+func TestRebalanceCommitsAckedPrefixOnRevoke(t *testing.T) {
+	const topic, group = "t4", "g-rebalance"
+	c := newCluster(t, 4, topic)
+	p := newPublisher(t, c)
+	var evs []ferry.Event
+	for a := 0; a < 8; a++ {
+		for seq := int64(1); seq <= 5; seq++ {
+			evs = append(evs, event(t, topic, fmt.Sprintf("agg%d", a), seq))
+		}
+	}
+	res := p.Publish(context.Background(), evs)
+	mustOK(t, res)
+	where := map[string]broker.Receipt{}
+	firstHeld := map[int32]int64{}
+	held := map[string]bool{}
+	for i, r := range res {
+		where[evs[i].ID.String()] = r.Receipt
+		if evs[i].AggregateSeq == 3 {
+			held[evs[i].ID.String()] = true
+			if o, ok := firstHeld[r.Receipt.Partition]; !ok || r.Receipt.Offset < o {
+				firstHeld[r.Receipt.Partition] = r.Receipt.Offset
+			}
+		}
+	}
+
+	consA := newConsumer(t, c, group, []string{topic}, kafka.WithCommitInterval(time.Hour))
+	chA, stopA := runConsumer(t, consA)
+	for i := 0; i < len(evs); i++ {
+		s := next(t, chA)
+		if !held[s.d.Event.ID.String()] {
+			_ = s.d.Ack(context.Background())
+		}
+	}
+
+	consB := newConsumer(t, c, group, []string{topic}, kafka.WithCommitInterval(50*time.Millisecond))
+	chB, _ := runConsumer(t, consB)
+	check := func(s seen) {
+		r := where[s.d.Event.ID.String()]
+		if r.Offset < firstHeld[r.Partition] {
+			t.Fatalf("B got partition %d offset %d, before A's first un-acked offset %d: the revoke did not commit A's acked prefix",
+				r.Partition, r.Offset, firstHeld[r.Partition])
+		}
+		delete(held, s.d.Event.ID.String())
+		_ = s.d.Ack(context.Background())
+	}
+	// B's first deliveries (partitions that moved), then A leaves.
+	settle := time.After(3 * time.Second)
+loop:
+	for {
+		select {
+		case s := <-chB:
+			check(s)
+		case <-settle:
+			break loop
+		}
+	}
+	stopA()
+	_ = consA.Close()
+	deadline := time.After(30 * time.Second)
+	for len(held) > 0 {
+		select {
+		case s := <-chB:
+			check(s)
+		case <-deadline:
+			t.Fatalf("held events never redelivered: %d left", len(held))
+		}
 	}
 }
