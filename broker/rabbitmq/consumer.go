@@ -98,12 +98,16 @@ func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *br
 	delay := c.cfg.reconnectDelay
 	logger := c.cfg.logger.With("broker", BrokerName, "queue", c.queue)
 	for {
-		err := c.session(ctx, handle)
+		established, err := c.session(ctx, handle)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if errors.Is(err, ErrTopologyMissing) {
 			return err
+		}
+		if established {
+			// The session was consuming: this is a fresh outage.
+			delay = c.cfg.reconnectDelay
 		}
 		logger.Warn("rabbitmq: consumer connection lost; reconnecting", "err", err, "backoff", delay)
 		select {
@@ -112,37 +116,35 @@ func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *br
 		case <-time.After(delay):
 		}
 		delay = min(delay*2, time.Minute)
-		if err == nil {
-			delay = c.cfg.reconnectDelay
-		}
 	}
 }
 
-// session runs one connection until it is lost or ctx ends.
-func (c *Consumer) session(ctx context.Context, handle func(context.Context, *broker.Delivery)) error {
+// session runs one connection until it is lost or ctx ends; established
+// reports whether it got as far as consuming.
+func (c *Consumer) session(ctx context.Context, handle func(context.Context, *broker.Delivery)) (established bool, err error) {
 	conn, err := dial(ctx, c.url, c.cfg.dialTimeout)
 	if err != nil {
-		return fmt.Errorf("rabbitmq: connect: %w", err)
+		return false, fmt.Errorf("rabbitmq: connect: %w", err)
 	}
 	defer conn.Close() // requeues everything unacked on this connection
 	ch, err := conn.Channel()
 	if err != nil {
-		return fmt.Errorf("rabbitmq: open channel: %w", err)
+		return false, fmt.Errorf("rabbitmq: open channel: %w", err)
 	}
 	if err := ch.Qos(c.cfg.prefetch, 0, false); err != nil {
-		return fmt.Errorf("rabbitmq: qos: %w", err)
+		return false, fmt.Errorf("rabbitmq: qos: %w", err)
 	}
 	deliveries, err := ch.Consume(c.queue, c.cfg.consumerTag, false, false, false, false, nil)
 	if err != nil {
-		return fmt.Errorf("rabbitmq: consume %q: %w", c.queue, classifyDeclare(err))
+		return false, fmt.Errorf("rabbitmq: consume %q: %w", c.queue, classifyDeclare(err))
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return true, nil
 		case d, ok := <-deliveries:
 			if !ok {
-				return fmt.Errorf("rabbitmq: delivery channel closed")
+				return true, fmt.Errorf("rabbitmq: delivery channel closed")
 			}
 			handle(ctx, c.delivery(ch, d))
 		}

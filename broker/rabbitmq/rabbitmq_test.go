@@ -435,3 +435,84 @@ func TestOutageThroughProxy(t *testing.T) {
 		t.Fatalf("queue depth %d, want 2", n)
 	}
 }
+
+// TestBrokerNackIsNotSent: a queue full with overflow=reject-publish
+// makes the broker nack further publishes; Ferry reports ClassNotSent
+// ErrNacked (the message is not stored), and the Stats count the nack.
+func TestBrokerNackIsNotSent(t *testing.T) {
+	url := testenv.RabbitMQURL(t)
+	top := newTopology(t, url, false)
+	queue := unique("ferry-test-full")
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{
+		"x-max-length": int64(1), "x-overflow": "reject-publish",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = ch.QueueDelete(queue, false, false, false) }()
+	if err := ch.QueueBind(queue, "#", top.Exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(t, url, rabbitmq.WithExchange(top.Exchange))
+	first := p.Publish(context.Background(), []ferry.Event{event(t, "t", "a", 1)})
+	if first[0].Err != nil {
+		t.Fatal(first[0].Err)
+	}
+	res := p.Publish(context.Background(), []ferry.Event{event(t, "t", "a", 2)})
+	if !errors.Is(res[0].Err, broker.ErrNotSent) || !errors.Is(res[0].Err, rabbitmq.ErrNacked) {
+		t.Fatalf("queue full: %v, want not sent / nacked", res[0].Err)
+	}
+	if st := p.Stats(); st.Nacked != 1 || st.Confirmed != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	if n := queueDepth(t, url, queue); n != 1 {
+		t.Fatalf("queue depth %d, want 1", n)
+	}
+}
+
+// TestWithoutConfirmsAWriteIsNotDelivery is the negative control for
+// waiting on confirms: through a frozen network, a plain publish (no
+// confirm mode) returns success at once, yet the message never reaches the
+// queue. Ferry's publisher, on the same path, reports Indeterminate.
+func TestWithoutConfirmsAWriteIsNotDelivery(t *testing.T) {
+	url := testenv.RabbitMQURL(t)
+	top := newTopology(t, url, true)
+	px := newProxy(t, hostOf(t, url))
+	conn, err := amqp.Dial(viaProxy(t, url, px))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(t, viaProxy(t, url, px), rabbitmq.WithExchange(top.Exchange))
+	if err := p.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	px.set(1) // frozen
+	if err := ch.PublishWithContext(context.Background(), top.Exchange, "t", true, false,
+		amqp.Publishing{Body: []byte("fire and forget"), DeliveryMode: amqp.Persistent}); err != nil {
+		t.Fatalf("negative control: plain publish failed (%v); it cannot show the loss", err)
+	}
+	tctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	res := p.Publish(tctx, []ferry.Event{event(t, "t", "a", 1)})
+	cancel()
+	if !errors.Is(res[0].Err, broker.ErrIndeterminate) {
+		t.Fatalf("Ferry publisher through a frozen network: %v, want indeterminate", res[0].Err)
+	}
+	px.set(2)
+	// The plain publish "succeeded", but nothing arrived.
+	if n := queueDepth(t, url, top.Queue); n != 0 {
+		t.Fatalf("queue depth %d: the frozen proxy let a message through", n)
+	}
+}
