@@ -121,8 +121,9 @@ func TestNegativeControlStartFromCurrentWALLosesRows(t *testing.T) {
 	}
 }
 
-// A rolled-back transaction with outbox inserts publishes nothing; a
-// transaction touching only business tables publishes nothing either.
+// A rolled-back transaction with outbox inserts publishes nothing; nor do
+// transactions touching only business tables, updates of outbox rows, or
+// logical messages (heartbeats).
 func TestRollbackAndBusinessOnlyPublishNothing(t *testing.T) {
 	ctx := context.Background()
 	h := newHarness(t)
@@ -150,6 +151,14 @@ func TestRollbackAndBusinessOnlyPublishNothing(t *testing.T) {
 		if _, err := h.s.Pool.Exec(ctx, `INSERT INTO orders (id, note) VALUES ($1, 'biz')`, fmt.Sprintf("biz-%d", i)); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// Logical messages (what WithHeartbeat emits, and a transactional one):
+	// the stream runs with messages=false, so pgoutput drops them.
+	if _, err := h.s.Pool.Exec(ctx, `SELECT pg_logical_emit_message(false, 'ferry.heartbeat', '')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.s.Pool.Exec(ctx, `SELECT pg_logical_emit_message(true, 'ferry.heartbeat', 'tx')`); err != nil {
+		t.Fatal(err)
 	}
 	// A marker committed last: once it is at the broker, everything before
 	// it in commit order has been decoded.
