@@ -175,7 +175,8 @@ func (ib *Inbox[TTx]) applyTx(ctx context.Context, msgs []*message, withSP bool)
 	defer func() { _ = tx.Rollback(ctx) }()
 	useSP := len(msgs) > 1 && withSP
 	optimistic := len(msgs) > 1 && !withSP
-	for i, m := range msgs {
+	spTaken := false // a savepoint exists to release before taking the next
+	for _, m := range msgs {
 		if m.invalid != nil {
 			if err := ib.parkLive(ctx, tx, m, ReasonUndecodable, m.invalid.Error(), nil); err != nil {
 				return tally, err
@@ -183,9 +184,10 @@ func (ib *Inbox[TTx]) applyTx(ctx context.Context, msgs []*message, withSP bool)
 			continue
 		}
 		if useSP {
-			if err := savepoint(ctx, tx, "ferry_inbox_msg", i > 0); err != nil {
+			if err := savepoint(ctx, tx, "ferry_inbox_msg", spTaken); err != nil {
 				return tally, err
 			}
+			spTaken = true
 		}
 		res, err := ib.step(ctx, txv, tx, m, false, ib.cfg.nonAtomicTest)
 		if optimistic && (err != nil || res.kind.needsUndo()) {

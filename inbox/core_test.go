@@ -474,17 +474,22 @@ func TestBatchSavepointsIsolateFailures(t *testing.T) {
 				msgs = append(msgs, newMessage(delivery(event(t, "acme", fmt.Sprintf("o%d", i), 1, p), 1, rec)))
 			}
 			msgs = append(msgs, newMessage(delivery(msgs[0].ev, 1, rec))) // a duplicate in the same batch
+			// An undecodable message first: parked without a savepoint of
+			// its own, before the first savepoint is taken.
+			undecodable := &broker.Delivery{DecodeErr: errors.New("garbage"), Raw: broker.RawMessage{Body: []byte("?")},
+				Ack: func(context.Context) error { rec.mu.Lock(); rec.acks++; rec.mu.Unlock(); return nil }}
+			msgs = append([]*message{newMessage(undecodable)}, msgs...)
 			if err := ib.process(context.Background(), msgs); err != nil {
 				t.Fatal(err)
 			}
 			acks, nacks := rec.counts()
-			if acks != 8 || nacks != 1 {
-				t.Fatalf("acks=%d nacks=%d, want 8 and 1", acks, nacks)
+			if acks != 9 || nacks != 1 {
+				t.Fatalf("acks=%d nacks=%d, want 9 and 1", acks, nacks)
 			}
 			if n := len(effects(t, s.db)); n != 6 {
 				t.Fatalf("effects = %d, want 6", n)
 			}
-			if st := ib.Stats(); st.Applied != 6 || st.Duplicates != 1 || st.Parked[ReasonPoison] != 1 || st.Retries != 1 {
+			if st := ib.Stats(); st.Applied != 6 || st.Duplicates != 1 || st.Parked[ReasonPoison] != 1 || st.Retries != 1 || st.Parked[ReasonUndecodable] != 1 {
 				t.Fatalf("stats %+v", st)
 			}
 		})
