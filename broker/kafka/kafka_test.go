@@ -497,3 +497,32 @@ func TestPublisherClosed(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 }
+
+// TestRefusedEventHoldsItsAggregate: an event refused before sending (too
+// large) fails alone as permanent; the later events of the same aggregate
+// in the call are not sent (so Kafka never stores a2 without a1), and other
+// aggregates are unaffected.
+func TestRefusedEventHoldsItsAggregate(t *testing.T) {
+	const topic = "t1"
+	c := newCluster(t, 1, topic)
+	p := newPublisher(t, c, kafka.WithMaxRecordBytes(4096))
+	a1, a2, b1 := event(t, topic, "a", 1), event(t, topic, "a", 2), event(t, topic, "b", 1)
+	a1.Payload = make([]byte, 8192)
+	res := p.Publish(context.Background(), []ferry.Event{a1, a2, b1})
+	if !errors.Is(res[0].Err, broker.ErrPermanent) || !errors.Is(res[0].Err, kerr.MessageTooLarge) {
+		t.Fatalf("a1: %v, want permanent too large", res[0].Err)
+	}
+	if !errors.Is(res[1].Err, broker.ErrNotSent) {
+		t.Fatalf("a2: %v, want not sent (held behind a1)", res[1].Err)
+	}
+	if res[2].Err != nil {
+		t.Fatalf("b1: %v", res[2].Err)
+	}
+	marker := event(t, topic, "c", 1)
+	mustOK(t, p.Publish(context.Background(), []ferry.Event{marker}))
+	for _, r := range readAll(t, c, topic, 2) {
+		if string(r.Key) == ferry.AggregateKey("acme", "order", "a") {
+			t.Fatalf("an event of the held aggregate reached the log")
+		}
+	}
+}

@@ -25,6 +25,12 @@ const (
 	// DefaultMaxPollRecords bounds one poll, and so how many records of a
 	// partition can be handed to handle before the next rebalance point.
 	DefaultMaxPollRecords = 500
+	// DefaultMaxRecordBytes is the largest record the publisher sends,
+	// just under Kafka's default message.max.bytes (1 MiB + 12) and
+	// franz-go's default batch limit. Checked before sending, so a too
+	// large event fails alone (ClassPermanent) and holds back only the
+	// later events of its aggregate.
+	DefaultMaxRecordBytes = 1_000_000
 )
 
 // Option configures a Publisher or a Consumer. Options that only make sense
@@ -39,6 +45,7 @@ type config struct {
 	commitInterval  time.Duration
 	maxPollRecords  int
 	clientID        string
+	maxRecordBytes  int
 }
 
 func newConfig(opts []Option) (config, error) {
@@ -48,6 +55,7 @@ func newConfig(opts []Option) (config, error) {
 		commitInterval:  DefaultCommitInterval,
 		maxPollRecords:  DefaultMaxPollRecords,
 		clientID:        "ferry",
+		maxRecordBytes:  DefaultMaxRecordBytes,
 	}
 	for _, o := range opts {
 		o(&c)
@@ -59,6 +67,8 @@ func newConfig(opts []Option) (config, error) {
 		return c, &ferry.ConfigError{Field: "kafka.delivery_timeout", Reason: fmt.Sprintf("must be > 0, got %s", c.deliveryTimeout)}
 	case c.commitInterval <= 0:
 		return c, &ferry.ConfigError{Field: "kafka.commit_interval", Reason: fmt.Sprintf("must be > 0, got %s", c.commitInterval)}
+	case c.maxRecordBytes < 1:
+		return c, &ferry.ConfigError{Field: "kafka.max_record_bytes", Reason: fmt.Sprintf("must be >= 1, got %d", c.maxRecordBytes)}
 	case c.maxPollRecords < 1 || c.maxPollRecords > 100000:
 		return c, &ferry.ConfigError{Field: "kafka.max_poll_records", Reason: fmt.Sprintf("must be in [1, 100000], got %d", c.maxPollRecords)}
 	}
@@ -103,3 +113,9 @@ func WithCommitInterval(d time.Duration) Option {
 // WithMaxPollRecords bounds the records fetched per poll (consumer only).
 // Default 500.
 func WithMaxPollRecords(n int) Option { return func(c *config) { c.maxPollRecords = n } }
+
+// WithMaxRecordBytes sets the largest record (key + value + headers) the
+// publisher sends (publisher only); set it to the topics'
+// max.message.bytes. Default 1,000,000. Raising it above franz-go's
+// ProducerBatchMaxBytes also needs that raised (WithKgoOpts).
+func WithMaxRecordBytes(n int) Option { return func(c *config) { c.maxRecordBytes = n } }

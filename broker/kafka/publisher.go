@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferryhq/ferry"
@@ -24,8 +26,9 @@ var ErrClosed = errors.New("kafka: publisher closed")
 // acks=all. See the package documentation for the guarantees and the
 // broker settings they rely on.
 type Publisher struct {
-	cl     *kgo.Client
-	source string
+	cl        *kgo.Client
+	source    string
+	maxRecord int
 
 	mu     sync.RWMutex
 	closed bool
@@ -67,7 +70,7 @@ func NewPublisher(seeds []string, opts ...Option) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka: new client: %w", err)
 	}
-	return &Publisher{cl: cl, source: cfg.source}, nil
+	return &Publisher{cl: cl, source: cfg.source, maxRecord: cfg.maxRecordBytes}, nil
 }
 
 // Name returns "kafka".
@@ -106,19 +109,36 @@ func (p *Publisher) Publish(ctx context.Context, events []ferry.Event) []broker.
 	// never block the producer's goroutines.
 	answers := make(chan answer, len(events))
 	waiting := 0
+	// An event refused before sending holds back the later events of its
+	// aggregate in this call (NotSent), so the broker never stores a
+	// later event of an aggregate without the earlier one.
+	held := map[string]uuid.UUID{}
 	for i := range events {
 		ev := &events[i]
+		key := ferry.AggregateKey(ev.TenantID, ev.AggregateType, ev.AggregateID)
+		if first, ok := held[key]; ok {
+			results[i].Err = broker.NewError(broker.ClassNotSent,
+				fmt.Errorf("kafka: event %s not sent: earlier event %s of aggregate %s failed in this call", ev.ID, first, key))
+			continue
+		}
 		if ev.Topic == "" {
 			results[i].Err = broker.NewError(broker.ClassPermanent,
 				fmt.Errorf("kafka: event[%d] %s: topic is empty", i, ev.ID))
+			held[key] = ev.ID
 			continue
 		}
 		headers, body := cloudevents.Encode(cloudevents.Kafka, *ev, cloudevents.EncodeOptions{Source: p.source})
 		rec := &kgo.Record{
 			Topic:   ev.Topic,
-			Key:     []byte(ferry.AggregateKey(ev.TenantID, ev.AggregateType, ev.AggregateID)),
+			Key:     []byte(key),
 			Value:   body,
 			Headers: recordHeaders(headers),
+		}
+		if size := recordSize(rec); size > p.maxRecord {
+			results[i].Err = broker.NewError(broker.ClassPermanent,
+				fmt.Errorf("kafka: event %s: record is %d bytes, limit %d: %w", ev.ID, size, p.maxRecord, kerr.MessageTooLarge))
+			held[key] = ev.ID
+			continue
 		}
 		waiting++
 		idx := i
@@ -153,6 +173,16 @@ func (p *Publisher) Publish(ctx context.Context, events []ferry.Event) []broker.
 		}
 	}
 	return results
+}
+
+// recordSize is the record's size as a broker counts it against
+// max.message.bytes, give or take the few bytes of varint framing.
+func recordSize(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value) + 32
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 4
+	}
+	return n
 }
 
 // recordHeaders turns the codec's map into Kafka headers, sorted by name

@@ -198,12 +198,19 @@ func TestTooLargeIsPermanent(t *testing.T) {
 	p := newPublisher(t, url, rabbitmq.WithExchange(top.Exchange), rabbitmq.WithMaxMessageBytes(1024))
 	big := event(t, "t", "a", 1)
 	big.Payload = make([]byte, 2048)
-	res := p.Publish(context.Background(), []ferry.Event{big, event(t, "t", "b", 1)})
+	res := p.Publish(context.Background(), []ferry.Event{big, event(t, "t", "a", 2), event(t, "t", "b", 1)})
 	if !errors.Is(res[0].Err, broker.ErrPermanent) || !errors.Is(res[0].Err, rabbitmq.ErrTooLarge) {
 		t.Fatalf("too large: %v", res[0].Err)
 	}
-	if res[1].Err != nil {
-		t.Fatalf("other event: %v", res[1].Err)
+	// The later event of the same aggregate is held back, not sent.
+	if !errors.Is(res[1].Err, broker.ErrNotSent) {
+		t.Fatalf("same aggregate after the refused event: %v, want not sent", res[1].Err)
+	}
+	if res[2].Err != nil {
+		t.Fatalf("other aggregate: %v", res[2].Err)
+	}
+	if n := queueDepth(t, url, top.Queue); n != 1 {
+		t.Fatalf("queue depth %d, want 1 (only the other aggregate)", n)
 	}
 }
 
