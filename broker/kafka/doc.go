@@ -24,7 +24,14 @@
 // producer retries internally without duplicating or reordering a
 // partition, and when a record fails, franz-go fails every later buffered
 // record of that partition too, so a later event of an aggregate is never
-// stored ahead of an earlier failed one.
+// stored ahead of an earlier failed one. Events refused before sending
+// (empty topic, record above [WithMaxRecordBytes], default 1,000,000 bytes)
+// fail alone, and the later events of their aggregate in the same call are
+// not sent (ClassNotSent), so Kafka never stores event n+1 of an aggregate
+// without event n. One limit remains: if the broker itself rejects a record
+// (e.g. a topic's max.message.bytes below the client's limit) while later
+// records of the aggregate are already in flight in another request, those
+// may be stored; the inbox's gap parking restores order for consumers.
 //
 // # Error classes
 //

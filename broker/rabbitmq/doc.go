@@ -42,6 +42,10 @@
 //     ([ErrConnectionLost]).
 //   - no connection, or the channel closed before the write → ClassNotSent.
 //
+// Events refused before sending (empty topic, too large) hold back the
+// later events of their aggregate in the same call (ClassNotSent), so a
+// queue never gets event n+1 of an aggregate without event n.
+//
 // [Publisher.Stats] counts published, confirmed, nacked, returned and
 // unconfirmed messages and reconnects; Publish never reports success for a
 // message whose confirm it did not see.
