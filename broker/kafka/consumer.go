@@ -251,8 +251,11 @@ func contains(ps []int32, p int32) bool {
 
 // Consume polls the group's partitions and calls handle for each record,
 // from this goroutine, in partition order. It returns nil after ctx is
-// cancelled (or Close is called), once the acked prefixes were committed
-// and the group was left… the group is left by Close.
+// cancelled (or Close is called), once the acked prefixes were committed;
+// Close then leaves the group. handle may block for back-pressure but must
+// return once its ctx is done, or Consume (and Close) cannot return.
+// Fetch errors are logged and retried by franz-go; Consume does not
+// return on them.
 func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *broker.Delivery)) error {
 	c.mu.Lock()
 	switch {

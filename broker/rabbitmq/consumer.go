@@ -68,7 +68,8 @@ func NewConsumer(url, queue string, opts ...Option) (*Consumer, error) {
 // When the connection is lost it reconnects with exponential backoff; the
 // broker requeues what was unacked on the lost channel (Ack of such a
 // delivery returns ErrChannelGone). It returns nil on cancellation, or an
-// error wrapping ErrTopologyMissing when the queue does not exist.
+// error wrapping ErrTopologyMissing when the queue does not exist. handle
+// may block for back-pressure but must return once its ctx is done.
 func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *broker.Delivery)) error {
 	c.mu.Lock()
 	switch {
