@@ -71,7 +71,7 @@ func fenceScenario(t *testing.T, noFence bool) (a, b *Relay, s *store) {
 		t.Fatal(err)
 	}
 	ra.cfg.noFence = noFence
-	ra.q, _ = newQueries(s.db.Dialect(), ferry.Tables{}, DeadHold, noFence)
+	ra.q, _ = newQueries(s.db.Dialect(), ferry.Tables{}, DeadHold, noFence, false)
 	ra.cfg.beforeLeaseTick = func() {
 		for paused.Load() {
 			time.Sleep(10 * time.Millisecond)

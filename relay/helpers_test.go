@@ -431,7 +431,13 @@ func fastOpts(shards int, extra ...Option) []Option {
 // writer returns an insert function with topic template tmpl.
 func (s *store) writer(t testing.TB, tmpl ferry.TopicTemplate) func(context.Context, ...ferry.Event) ([]ferry.Event, error) {
 	t.Helper()
-	opts := []outbox.Option{outbox.WithShardCount(s.shards), outbox.WithTopicTemplate(tmpl)}
+	return s.writerWith(t, tmpl)
+}
+
+// writerWith is writer with extra writer options (e.g. WithNotify).
+func (s *store) writerWith(t testing.TB, tmpl ferry.TopicTemplate, extra ...outbox.Option) func(context.Context, ...ferry.Event) ([]ferry.Event, error) {
+	t.Helper()
+	opts := append([]outbox.Option{outbox.WithShardCount(s.shards), outbox.WithTopicTemplate(tmpl)}, extra...)
 	if s.pool != nil {
 		w, err := outbox.New(pgxv5.New(s.pool), opts...)
 		if err != nil {

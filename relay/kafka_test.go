@@ -141,8 +141,9 @@ func TestKafkaOutage(t *testing.T) {
 			t.Fatalf("row %s charged %d attempts during the outage", id, row.attempts)
 		}
 	}
-	if maxPings := int(outage/(500*time.Millisecond)) + 6; p1-p0 > 2 || g1-g0 > maxPings {
-		t.Fatalf("during a %s outage: %d publish calls, %d pings; want <= 2 and <= %d", outage, p1-p0, g1-g0, maxPings)
+	maxPublish, maxPings := outageBound(outage)
+	if p1-p0 > maxPublish || g1-g0 > maxPings {
+		t.Fatalf("during a %s outage: %d publish calls, %d pings; want <= %d and <= %d", outage, p1-p0, g1-g0, maxPublish, maxPings)
 	}
 	t.Logf("kafka outage %s: %d publish calls, %d pings", outage.Round(time.Millisecond), p1-p0, g1-g0)
 

@@ -60,12 +60,18 @@ func (r *Relay) leaseTick(ctx context.Context) error {
 			r.log.Warn("lease lost", "shard", s)
 		}
 	}
+	for s := range owned {
+		if r.releasing[s] {
+			delete(owned, s) // renewed only until its batch is done
+		}
+	}
 	r.owned = owned
 	r.validUntil = started.Add(r.cfg.ttl)
 	r.live = live
 	r.mu.Unlock()
 
 	fair := (r.cfg.shards + live - 1) / max(live, 1)
+	r.releaseIdle(ctx)
 	switch {
 	case len(owned) > fair:
 		r.releaseExtras(ctx, fair)
@@ -92,35 +98,48 @@ func (r *Relay) leaseTick(ctx context.Context) error {
 	return r.refreshStats(ctx)
 }
 
-// releaseExtras gives up the highest-numbered shards above keep (keep < 0:
-// all of them), but only between batches, so a rebalance never strands a
-// batch in flight; if the worker is busy it waits for the next tick.
+// releaseExtras gives up the highest-numbered owned shards above keep
+// (keep < 0: all of them). They stop being claimed from at once; their
+// lease rows are released by releaseIdle as soon as no batch of theirs is
+// in flight, so a rebalance never strands a batch (its mark would be
+// fenced and the rows published twice).
 func (r *Relay) releaseExtras(ctx context.Context, keep int) {
-	if !r.batchMu.TryLock() {
-		return
-	}
-	defer r.batchMu.Unlock()
 	r.mu.Lock()
 	shards := make([]int, 0, len(r.owned))
 	for s := range r.owned {
 		shards = append(shards, s)
 	}
-	r.mu.Unlock()
 	sort.Ints(shards)
-	if keep < 0 {
-		keep = 0
+	keep = max(keep, 0)
+	if len(shards) > keep {
+		for _, s := range shards[keep:] {
+			delete(r.owned, s)
+			r.releasing[s] = true
+		}
 	}
-	if len(shards) <= keep {
-		return
+	r.mu.Unlock()
+	r.releaseIdle(ctx)
+}
+
+// releaseIdle releases the lease rows of shards being given up that have
+// nothing in flight.
+func (r *Relay) releaseIdle(ctx context.Context) {
+	r.mu.Lock()
+	var idle []int
+	for s := range r.releasing {
+		if r.inflight[s] == 0 {
+			idle = append(idle, s)
+		}
 	}
-	for _, s := range shards[keep:] {
-		r.mu.Lock()
-		delete(r.owned, s)
-		r.mu.Unlock()
+	r.mu.Unlock()
+	for _, s := range idle {
 		if _, err := r.db.Executor().Exec(ctx, r.q.release, r.cfg.instance, s); err != nil {
-			r.log.Warn("release lease failed; it expires after the TTL", "shard", s, "err", err)
+			r.log.Warn("release lease failed; retrying at the next tick", "shard", s, "err", err)
 			continue
 		}
+		r.mu.Lock()
+		delete(r.releasing, s)
+		r.mu.Unlock()
 		r.log.Info("lease released for rebalancing", "shard", s)
 	}
 }

@@ -32,6 +32,7 @@ const (
 const (
 	DefaultBatchSize    = 500
 	DefaultPollInterval = 500 * time.Millisecond
+	DefaultWorkers      = 4
 	DefaultLeaseTTL     = 10 * time.Second
 	DefaultBackoffBase  = 500 * time.Millisecond
 	DefaultBackoffMax   = 5 * time.Minute
@@ -80,6 +81,8 @@ type config struct {
 	logger         *slog.Logger
 	registerer     prometheus.Registerer
 	faults         Faults
+	syncMarks      bool
+	workers        int
 
 	// Test hooks (unexported; only this package's tests set them).
 	noFence         bool         // negative control: drop the fence from marks
@@ -160,6 +163,20 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // need two registries (or prometheus.WrapRegistererWith).
 func WithRegisterer(r prometheus.Registerer) Option { return func(c *config) { c.registerer = r } }
 
+// WithWorkers sets how many claim-publish-mark loops run concurrently
+// (default 4), each over the owned shards with shard mod n = its index, so
+// one loop's database round trips overlap another's broker round trips.
+// Per-aggregate order is unaffected: an aggregate lives in one shard, and
+// a shard in one worker.
+func WithWorkers(n int) Option { return func(c *config) { c.workers = n } }
+
+// WithSynchronousMarks makes the relay's row updates wait for the WAL
+// flush like any commit (Postgres). By default they commit asynchronously:
+// losing a mark in a database crash only republishes the row under the
+// same event id (a duplicate, which at-least-once delivery allows), and
+// it saves a flush per batch.
+func WithSynchronousMarks() Option { return func(c *config) { c.syncMarks = true } }
+
 // WithFaults installs fault hooks (tests, `ferry prove`).
 func WithFaults(f Faults) Option { return func(c *config) { c.faults = f } }
 
@@ -176,6 +193,7 @@ func defaultConfig() config {
 		publishTimeout: DefaultPublishTimeout,
 		maxAttempts:    DefaultMaxAttempts,
 		deadPolicy:     DeadHold,
+		workers:        DefaultWorkers,
 	}
 }
 
@@ -205,6 +223,8 @@ func (c *config) check() error {
 		return bad("max_attempts", "must be at least 1, got %d", c.maxAttempts)
 	case c.deadPolicy != DeadHold && c.deadPolicy != DeadSkip:
 		return bad("dead_policy", "must be %q or %q, got %q", DeadHold, DeadSkip, c.deadPolicy)
+	case c.workers < 1 || c.workers > 64:
+		return bad("workers", "must be in 1..64, got %d", c.workers)
 	case len(c.instance) > 200:
 		return bad("instance_id", "must be at most 200 bytes, got %d", len(c.instance))
 	}

@@ -108,7 +108,7 @@ type Relay struct {
 	q    *queries
 	log  *slog.Logger
 	m    *metrics
-	wake chan struct{}
+	wake []chan struct{} // one per worker
 
 	running atomic.Bool
 
@@ -118,10 +118,14 @@ type Relay struct {
 	live       int
 	breaker    BreakerState
 
-	// batchMu is held by the worker for a whole claim-publish-mark cycle;
-	// the lease loop releases shards only between cycles (TryLock), so a
-	// rebalance does not strand a batch in flight.
-	batchMu sync.Mutex
+	// inflight counts, per shard, the worker cycles that claimed from it
+	// and have not finished marking; releasing lists shards given up for
+	// rebalancing, no longer claimed from, whose lease row is released
+	// once nothing of theirs is in flight (so a rebalance strands no batch).
+	inflight  map[int]int
+	releasing map[int]bool
+	crashed    atomic.Bool // a fault hook fired: no worker marks anything more
+	probeOwner atomic.Bool // held by the worker probing the open breaker
 
 	published, duplicates, retries, dead, fenced, publishCalls, pingCalls atomic.Uint64
 }
@@ -154,7 +158,7 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, cfg.noFence)
+	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, cfg.noFence, cfg.syncMarks)
 	if err != nil {
 		return nil, err
 	}
@@ -162,21 +166,26 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{
+	r := &Relay{
 		db: db, pub: pub, cfg: cfg, q: q, m: m,
 		log:   cfg.logger.With("relay_instance", cfg.instance),
-		wake:  make(chan struct{}, 1),
-		owned: map[int]int64{},
-	}, nil
+		owned: map[int]int64{}, inflight: map[int]int{}, releasing: map[int]bool{},
+	}
+	for range cfg.workers {
+		r.wake = append(r.wake, make(chan struct{}, 1))
+	}
+	return r, nil
 }
 
 // Notify wakes the relay to look for work now. Call it after committing
 // outbox rows when there is no LISTEN/NOTIFY (SQLite, embedded). It never
 // blocks; calls while a wake-up is pending are folded into it.
 func (r *Relay) Notify() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
+	for _, w := range r.wake {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -219,15 +228,21 @@ func (r *Relay) Run(ctx context.Context) error {
 	inner, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg sync.WaitGroup
+	var errMu sync.Mutex
 	var workerErr error
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		workerErr = r.work(inner)
-		if workerErr != nil {
-			cancel(workerErr)
-		}
-	}()
+	for w := range r.cfg.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.work(inner, w); err != nil {
+				errMu.Lock()
+				workerErr = errors.Join(workerErr, err)
+				errMu.Unlock()
+				cancel(err)
+			}
+		}()
+	}
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		r.leaseLoop(inner)
@@ -243,8 +258,10 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	r.mu.Lock()
 	r.owned = map[int]int64{}
+	r.releasing = map[int]bool{}
 	r.mu.Unlock()
 	r.m.ownedShards.Set(0)
+	r.crashed.Store(false)
 	if errors.Is(workerErr, ErrFaultInjected) {
 		r.log.Warn("relay stopped by fault hook; leases kept as after a crash", "err", workerErr)
 		return workerErr
@@ -308,8 +325,17 @@ func (r *Relay) start(ctx context.Context) error {
 	return nil
 }
 
-// ownedSnapshot returns the shards (sorted) and fences the worker may use.
+// ownedSnapshot returns the owned shards (sorted) and their fences.
 func (r *Relay) ownedSnapshot() ([]int, map[int]int64) {
+	return r.takeShards(-1)
+}
+
+// takeShards returns the owned shards of worker w (shard mod workers = w;
+// w < 0: all) with their fences. For a worker it also counts them in
+// flight, atomically with the snapshot, so the lease loop never releases
+// a shard between a worker's snapshot and its claim; the worker calls
+// doneShards when its cycle is over.
+func (r *Relay) takeShards(w int) ([]int, map[int]int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if time.Now().After(r.validUntil) {
@@ -318,14 +344,31 @@ func (r *Relay) ownedSnapshot() ([]int, map[int]int64) {
 	shards := make([]int, 0, len(r.owned))
 	fences := make(map[int]int64, len(r.owned))
 	for s, f := range r.owned {
+		if w >= 0 && s%r.cfg.workers != w {
+			continue
+		}
 		shards = append(shards, s)
 		fences[s] = f
+		if w >= 0 {
+			r.inflight[s]++
+		}
 	}
 	sort.Ints(shards)
 	return shards, fences
 }
 
-func (r *Relay) setBreaker(s BreakerState) {
+func (r *Relay) doneShards(shards []int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range shards {
+		if r.inflight[s]--; r.inflight[s] <= 0 {
+			delete(r.inflight, s)
+		}
+	}
+}
+
+// setBreaker sets the breaker state and reports whether it changed.
+func (r *Relay) setBreaker(s BreakerState) bool {
 	r.mu.Lock()
 	changed := r.breaker != s
 	r.breaker = s
@@ -338,6 +381,7 @@ func (r *Relay) setBreaker(s BreakerState) {
 	if changed {
 		r.log.Warn("circuit breaker " + s.String())
 	}
+	return changed
 }
 
 // sleep waits d or until ctx is done; it reports whether ctx is still live.

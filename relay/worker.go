@@ -30,20 +30,22 @@ type aggKey struct{ tenant, typ, id string }
 
 func keyOf(e *ferry.Event) aggKey { return aggKey{e.TenantID, e.AggregateType, e.AggregateID} }
 
-// work is the claim → publish → mark loop. It returns nil when ctx is
-// done, or an error wrapping ErrFaultInjected when a fault hook fired.
-func (r *Relay) work(ctx context.Context) error {
+// work is worker w's claim → publish → mark loop over the owned shards
+// with shard mod workers = w. Workers overlap one another's database and
+// broker round trips. It returns nil when ctx is done, or an error
+// wrapping ErrFaultInjected when a fault hook fired.
+func (r *Relay) work(ctx context.Context, w int) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-r.wake:
+		case <-r.wake[w]:
 		case <-poll.C:
 		}
 		for {
-			more, err := r.cycle(ctx)
+			more, err := r.cycle(ctx, w)
 			if err != nil {
 				if errors.Is(err, ErrFaultInjected) {
 					return err
@@ -58,8 +60,15 @@ func (r *Relay) work(ctx context.Context) error {
 				break
 			}
 		}
-		if r.breakerOpen() {
-			if !r.probe(ctx) {
+		if r.probeOwner.CompareAndSwap(false, true) {
+			// One worker probes while the breaker is open; the others
+			// skip their cycles until it closes.
+			ok := true
+			if r.breakerOpen() {
+				ok = r.probe(ctx)
+			}
+			r.probeOwner.Store(false)
+			if !ok {
 				return nil
 			}
 		}
@@ -93,6 +102,7 @@ func (r *Relay) probe(ctx context.Context) bool {
 		cancel()
 		if err == nil {
 			r.setBreaker(BreakerClosed)
+			r.Notify() // every worker resumes now
 			return true
 		}
 		r.log.Debug("broker probe failed", "err", sanitize(err), "next_probe", min(2*d, r.cfg.probeMax))
@@ -108,15 +118,16 @@ func (r *Relay) ping(ctx context.Context) error {
 
 // cycle runs one claim-publish-mark round. more reports that a shard
 // filled its share of the batch, i.e. there is probably more to do now.
-func (r *Relay) cycle(ctx context.Context) (more bool, err error) {
-	r.batchMu.Lock()
-	defer r.batchMu.Unlock()
-	shards, fences := r.ownedSnapshot()
+func (r *Relay) cycle(ctx context.Context, w int) (more bool, err error) {
+	shards, fences := r.takeShards(w)
+	defer r.doneShards(shards)
 	if len(shards) == 0 || r.breakerOpen() {
 		return false, nil
 	}
 	per := max(1, (r.cfg.batch+len(shards)-1)/len(shards))
+	t0 := time.Now()
 	batch, more, err := r.claim(ctx, shards, fences, per)
+	r.m.phase.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
 	if err != nil || len(batch) == 0 {
 		return false, err
 	}
@@ -224,12 +235,15 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 	}
 	if f := r.cfg.faults.BeforePublish; f != nil {
 		if err := f(ctx, events); err != nil {
+			r.crashed.Store(true)
 			return fmt.Errorf("%w: before publish: %w", ErrFaultInjected, err)
 		}
 	}
 	r.publishCalls.Add(1)
 	r.m.brokerCalls.WithLabelValues("publish").Inc()
+	t0 := time.Now()
 	results := r.pub.Publish(ctx, events)
+	r.m.phase.WithLabelValues("publish").Observe(time.Since(t0).Seconds())
 	if len(results) != len(events) {
 		err := broker.NewError(broker.ClassIndeterminate,
 			fmt.Errorf("publisher %s returned %d results for %d events", r.pub.Name(), len(results), len(events)))
@@ -241,8 +255,13 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 	acked := time.Now()
 	if f := r.cfg.faults.AfterPublishBeforeMark; f != nil {
 		if err := f(ctx, events, results); err != nil {
+			r.crashed.Store(true)
 			return fmt.Errorf("%w: after publish, before mark: %w", ErrFaultInjected, err)
 		}
+	}
+	if r.crashed.Load() {
+		// Another worker "crashed": a crashed process marks nothing more.
+		return nil
 	}
 
 	// Walk in batch order. After an aggregate's first failure its later
@@ -368,7 +387,9 @@ func (r *Relay) mark(ctx context.Context, sql string, rows any, kind string) (in
 	if err != nil {
 		return 0, err
 	}
+	t0 := time.Now()
 	n, err := r.db.Executor().Exec(ctx, sql, r.cfg.instance, p)
+	r.m.phase.WithLabelValues("mark_" + kind).Observe(time.Since(t0).Seconds())
 	if err != nil {
 		return 0, fmt.Errorf("relay: mark %s: %w", kind, err)
 	}
