@@ -122,8 +122,8 @@ type Relay struct {
 	// and have not finished marking; releasing lists shards given up for
 	// rebalancing, no longer claimed from, whose lease row is released
 	// once nothing of theirs is in flight (so a rebalance strands no batch).
-	inflight  map[int]int
-	releasing map[int]bool
+	inflight   map[int]int
+	releasing  map[int]bool
 	crashed    atomic.Bool // a fault hook fired: no worker marks anything more
 	probeOwner atomic.Bool // held by the worker probing the open breaker
 
