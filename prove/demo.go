@@ -34,7 +34,7 @@ type DemoResult struct {
 // may override scale and seed (WithEvents, WithSeed); the default is a
 // run of a few seconds.
 func RunDemo(ctx context.Context, out io.Writer, opts ...Option) (*DemoResult, error) {
-	cfg := config{seed: 1, events: 300, aggregates: 30, tenants: 3, producers: 4, duration: 30 * time.Second, ackWait: 500 * time.Millisecond}
+	cfg := config{seed: 1, events: 300, aggregates: 30, tenants: 3, producers: 4, duration: 30 * time.Second, ackWait: time.Second}
 	for _, o := range opts {
 		o(&cfg)
 	}

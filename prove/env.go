@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/outbox"
 )
 
@@ -118,12 +120,25 @@ func (c *countingPublisher) Publish(ctx context.Context, events []ferry.Event) [
 	return res
 }
 
+// newPublisher returns broker/natsjs's publisher (Ferry's real adapter)
+// on the scenario's stream, wrapped to count calls.
 func (e *env) newPublisher() (broker.Publisher, error) {
-	p, err := newNATSPublisher(e.pubURL, e.stream.name)
+	subject := e.stream.name + ".order"
+	p, err := natsjs.DialPublisher(e.pubURL, natsjs.WithSource("ferry-prove"), natsjs.WithAckTimeout(2*time.Second),
+		natsjs.WithSubject(func(*ferry.Event) string { return subject }))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("prove: publisher: %w", err)
 	}
 	return &countingPublisher{Publisher: p, rec: e.rec}, nil
+}
+
+// newConsumer returns broker/natsjs's durable pull consumer.
+func (e *env) newConsumer(ctx context.Context, durable string) (broker.Consumer, error) {
+	c, err := natsjs.DialConsumer(ctx, e.stream.url, e.stream.name, durable, natsjs.WithAckWait(e.stream.ackWait))
+	if err != nil {
+		return nil, fmt.Errorf("prove: consumer: %w", err)
+	}
+	return c, nil
 }
 
 // supervise runs a component, restarting it after a crash, until ctx ends.

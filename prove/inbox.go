@@ -38,7 +38,7 @@ func (c *refInbox) run(ctx context.Context) error {
 	if durable == "" {
 		durable = "prove"
 	}
-	cons, err := newNATSConsumer(ctx, c.env.stream.url, c.env.stream.name, durable)
+	cons, err := c.env.newConsumer(ctx, durable)
 	if err != nil {
 		return err
 	}

@@ -211,7 +211,7 @@ func (r *Report) Result(name string) (Result, bool) {
 // when the run could not be carried out (bad options, no broker); check
 // Report.Failed for the verdict.
 func Run(ctx context.Context, opts ...Option) (*Report, error) {
-	cfg := config{seed: 1, events: 400, aggregates: 40, tenants: 3, producers: 4, duration: 60 * time.Second, ackWait: 500 * time.Millisecond}
+	cfg := config{seed: 1, events: 400, aggregates: 40, tenants: 3, producers: 4, duration: 60 * time.Second, ackWait: time.Second}
 	for _, o := range opts {
 		o(&cfg)
 	}

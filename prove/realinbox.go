@@ -49,7 +49,7 @@ var supportedSchemas = []inbox.SchemaKey{
 // planned fault crashes it. The handler is the scenario's business
 // effect: an applied-log row and, for payments, an effect intent.
 func (e *env) runRealInbox(ctx context.Context, durable string, inlineEffect, unordered bool) error {
-	cons, err := newNATSConsumer(ctx, e.stream.url, e.stream.name, durable)
+	cons, err := e.newConsumer(ctx, durable)
 	if err != nil {
 		return err
 	}
@@ -95,7 +95,7 @@ func (e *env) runRealInbox(ctx context.Context, durable string, inlineEffect, un
 	}
 	faults := inbox.Faults{
 		BeforeCommit: func(ev ferry.Event) error {
-			if inlineEffect && e.fire(faultEffectCrash, ev.ID.String()) {
+			if inlineEffect && ev.EventType == "order.paid" && e.fire(faultEffectCrash, ev.ID.String()) {
 				return errCrash // the provider charged; the local commit never happens
 			}
 			return nil

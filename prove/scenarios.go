@@ -446,7 +446,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // broken pipeline never finishes), or the duration runs out.
 func settle(ctx context.Context, e *env, cfg *config) {
 	deadline := time.Now().Add(cfg.duration)
-	stall := max(1500*time.Millisecond, 3*cfg.ackWait)
+	stall := max(1500*time.Millisecond, 2*cfg.ackWait)
 	var lastState string
 	lastChange := time.Now()
 	for ctx.Err() == nil && time.Now().Before(deadline) {

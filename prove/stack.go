@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/migrate"
@@ -24,7 +25,7 @@ import (
 type stack struct {
 	pgURL    string
 	natsURL  string
-	embedded *embeddedNATS
+	embedded *natsjs.Embedded
 	broker   string // "nats", or the scheme of an unsupported broker
 	tmp      string
 }
@@ -43,7 +44,7 @@ func openStack(ctx context.Context, cfg *config) (*stack, error) {
 			st.close()
 			return nil, err
 		}
-		st.embedded, st.natsURL = e, e.URL()
+		st.embedded, st.natsURL = e, e.ClientURL()
 	case strings.HasPrefix(cfg.brokerURL, "nats://"):
 		st.natsURL = cfg.brokerURL
 	default:
@@ -79,7 +80,7 @@ func (st *stack) describe() string {
 
 func (st *stack) close() {
 	if st.embedded != nil {
-		st.embedded.Close()
+		_ = st.embedded.Close()
 	}
 	if st.tmp != "" {
 		_ = os.RemoveAll(st.tmp)
