@@ -176,7 +176,16 @@ func (ib *Inbox[TTx]) applyTx(ctx context.Context, msgs []*message, withSP bool)
 	useSP := len(msgs) > 1 && withSP
 	optimistic := len(msgs) > 1 && !withSP
 	spTaken := false // a savepoint exists to release before taking the next
+	bulk := optimistic && ib.q.dialect == driver.Postgres && !ib.cfg.nonAtomicTest
+	if bulk {
+		if err := ib.bulkPass(ctx, txv, tx, msgs, &tally); err != nil {
+			return tally, err
+		}
+	}
 	for _, m := range msgs {
+		if bulk {
+			break
+		}
 		if m.invalid != nil {
 			if err := ib.parkLive(ctx, tx, m, ReasonUndecodable, m.invalid.Error(), nil); err != nil {
 				return tally, err

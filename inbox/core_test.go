@@ -555,3 +555,67 @@ func TestCrashBeforeCommit(t *testing.T) {
 		})
 	}
 }
+
+// Two instances apply the same batch concurrently (the bulk claim path on
+// Postgres): the loser of each race falls back to the per-message path,
+// and every effect happens once.
+func TestBatchConcurrentTwoInstances(t *testing.T) {
+	for _, s := range stores(t) {
+		t.Run(s.name, func(t *testing.T) {
+			a := newInbox(t, s, nil, WithBatch[*sql.Tx](16, 0))
+			b := newInbox(t, s, nil, WithBatch[*sql.Tx](16, 0))
+			for round := range 5 {
+				var evs []ferry.Event
+				for i := range 10 {
+					evs = append(evs, event(t, "acme", fmt.Sprintf("c%d-%d", round, i%3), int64(i/3+1), "x"))
+				}
+				var wg sync.WaitGroup
+				for _, ib := range []*Inbox[*sql.Tx]{a, b, a} {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						pending := evs
+						for attempt := 0; len(pending) > 0 && attempt < 50; attempt++ {
+							rec := &settled{}
+							var msgs []*message
+							var ds []*broker.Delivery
+							for _, ev := range pending {
+								d := delivery(ev, attempt+1, rec)
+								ds = append(ds, d)
+								msgs = append(msgs, newMessage(d))
+							}
+							if err := ib.process(context.Background(), msgs); err != nil {
+								t.Error(err)
+								return
+							}
+							var again []ferry.Event
+							for _, m := range msgs {
+								if m.outcome == OutcomeRetry {
+									again = append(again, m.ev)
+								}
+							}
+							pending = again
+						}
+						if len(pending) > 0 {
+							t.Errorf("%d messages never settled", len(pending))
+						}
+					}()
+				}
+				wg.Wait()
+			}
+			es := effects(t, s.db)
+			seen := map[string]int{}
+			for _, e := range es {
+				seen[e.eventID]++
+			}
+			if len(es) != 50 || len(seen) != 50 {
+				t.Fatalf("effects = %d for %d distinct events, want 50 and 50", len(es), len(seen))
+			}
+			// Parked gaps (an instance saw 2 before another applied 1) are
+			// healed by HealGaps; none stays open once healed.
+			if _, err := a.HealGaps(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -131,15 +131,27 @@ func TestChaosExactlyOnceInOrder(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long")
 	}
+	type variant struct {
+		s     store
+		batch int
+	}
+	var variants []variant
 	for _, s := range stores(t) {
-		t.Run(s.name, func(t *testing.T) {
+		if s.name == "postgres" {
+			variants = append(variants, variant{s, 1})
+			// Batch mode on a second schema: the bulk claim path.
+			variants = append(variants, variant{postgresStore(t), 64})
+		} else {
+			variants = append(variants, variant{s, 64}) // one writer: batch it
+		}
+	}
+	for _, v := range variants {
+		s := v.s
+		t.Run(fmt.Sprintf("%s/batch-%d", s.name, v.batch), func(t *testing.T) {
 			const aggregates, perAgg = 100, 200
-			rng := rand.New(rand.NewPCG(42, uint64(len(s.name))))
+			rng := rand.New(rand.NewPCG(42, uint64(len(s.name)+v.batch)))
 			script, _ := chaosScript(t, rng, aggregates, perAgg, 0.1, 0.3)
-			opts := []Option[*sql.Tx]{WithWorkers[*sql.Tx](8)}
-			if s.name == "sqlite" {
-				opts = append(opts, WithBatch[*sql.Tx](64, 0)) // one writer: batch it
-			}
+			opts := []Option[*sql.Tx]{WithWorkers[*sql.Tx](8), WithBatch[*sql.Tx](v.batch, 0)}
 			ib := newInbox(t, s, nil, opts...)
 			b := newScriptedBroker(script)
 			defer b.Close()

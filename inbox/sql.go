@@ -23,6 +23,7 @@ type queries struct {
 	setCursor, cursorOf            string
 	parkedStats, gapAggregates     string
 	fingerprintOf                  string
+	bulkRead, bulkWrite            string // Postgres batch pass (bulk.go)
 }
 
 const parkedCols = `id, consumer, reason, attempts, first_seen, last_seen, last_error, resolved_at, resolution,
@@ -33,16 +34,15 @@ const parkedCols = `id, consumer, reason, attempts, first_seen, last_seen, last_
 func newQueries(d driver.Dialect, t ferry.Tables) (*queries, error) {
 	q := &queries{dialect: d}
 	inbox, cursor, parked := t.Name("inbox"), t.Name("inbox_cursor"), t.Name("inbox_parked")
-	var eventIDCol, eventIDParam, lockCursor, greatest string
+	var eventIDCol, eventIDParam, lockCursor string
 	switch d {
 	case driver.Postgres:
-		eventIDCol, eventIDParam, lockCursor, greatest = "event_id::text", "$%d::uuid", " FOR UPDATE", "GREATEST"
+		eventIDCol, eventIDParam, lockCursor = "event_id::text", "$%d::uuid", " FOR UPDATE"
 	case driver.SQLite:
-		eventIDCol, eventIDParam, lockCursor, greatest = "event_id", "$%d", "", "MAX"
+		eventIDCol, eventIDParam, lockCursor = "event_id", "$%d", ""
 	default:
 		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", d)}
 	}
-	_ = greatest
 	cols := fmt.Sprintf(parkedCols, eventIDCol)
 
 	// The claim: dedup check, cursor check under the cursor's row lock,
@@ -136,6 +136,10 @@ FROM %s WHERE consumer = $1 AND resolved_at IS NULL GROUP BY reason`, parked)
 	q.gapAggregates = fmt.Sprintf(`SELECT count(*) FROM (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id FROM %s
 WHERE consumer = $1 AND reason = 'gap' AND resolved_at IS NULL) g`, parked)
 	q.fingerprintOf = fmt.Sprintf(`SELECT fingerprint FROM %s WHERE consumer = $1 AND tenant_id = $2 AND event_id = %s`, inbox, fmt.Sprintf(eventIDParam, 3))
+	if d == driver.Postgres {
+		q.bulkRead = bulkReadSQL(q, inbox, cursor)
+		q.bulkWrite = bulkWriteSQL(inbox, cursor, parked)
+	}
 	return q, nil
 }
 
