@@ -20,7 +20,7 @@ import (
 // errNeedSavepoints: nothing is committed and the batch is re-run through
 // the per-message path with savepoints.
 
-func bulkReadSQL(q *queries, inbox, cursor string) string {
+func bulkReadSQL(inbox, cursor string) string {
 	return fmt.Sprintf(`WITH cur AS (
     SELECT c.tenant_id, c.aggregate_type, c.aggregate_id, c.last_seq
     FROM %[2]s c

@@ -167,6 +167,20 @@ func TestWithoutOrderingOnlyDedups(t *testing.T) {
 			if n := count(t, s.db, `SELECT count(*) FROM ferry_inbox_cursor`); n != 0 {
 				t.Fatalf("cursor rows = %d, want none without ordering", n)
 			}
+			// The same in one batch (the bulk claim path on Postgres).
+			batched := newInbox(t, s, nil, WithoutOrdering[*sql.Tx](), WithBatch[*sql.Tx](8, 0))
+			b3, b1 := event(t, "acme", "o2", 3, "c"), event(t, "acme", "o2", 1, "a")
+			rec := &settled{}
+			if err := batched.process(context.Background(), []*message{newMessage(delivery(b3, 1, rec)),
+				newMessage(delivery(b1, 1, rec)), newMessage(delivery(b3, 1, rec))}); err != nil {
+				t.Fatal(err)
+			}
+			if st := batched.Stats(); st.Applied != 2 || st.Duplicates != 1 || rec.acks != 3 {
+				t.Fatalf("batched without ordering: stats %+v acks %d", st, rec.acks)
+			}
+			if n := count(t, s.db, `SELECT count(*) FROM ferry_inbox_cursor`); n != 0 {
+				t.Fatalf("cursor rows = %d, want none without ordering", n)
+			}
 		})
 	}
 }

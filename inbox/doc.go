@@ -96,10 +96,15 @@
 // # Batch mode
 //
 // [WithBatch] applies up to N queued messages of a worker in one
-// transaction with a savepoint per message — a message that fails rolls
-// back to its savepoint and never takes its neighbours' claims with it —
-// and acks them all after the commit. It trades latency, and a larger set
-// of redeliveries after a crash (all absorbed), for throughput.
+// transaction and acks them all after the commit. The batch first runs
+// optimistically: on Postgres its claims and cursors are read (and locked)
+// in one statement and written in another, then the handlers run. If any
+// message has to be undone (handler error, denial, a race lost to another
+// instance), nothing is committed and the batch runs again with a
+// savepoint per message — a message that fails rolls back to its savepoint
+// and never takes its neighbours' claims with it. Batching trades latency,
+// and a larger set of redeliveries after a crash (all absorbed), for
+// throughput.
 //
 // # Parked messages and the operator's API
 //

@@ -137,7 +137,7 @@ FROM %s WHERE consumer = $1 AND resolved_at IS NULL GROUP BY reason`, parked)
 WHERE consumer = $1 AND reason = 'gap' AND resolved_at IS NULL) g`, parked)
 	q.fingerprintOf = fmt.Sprintf(`SELECT fingerprint FROM %s WHERE consumer = $1 AND tenant_id = $2 AND event_id = %s`, inbox, fmt.Sprintf(eventIDParam, 3))
 	if d == driver.Postgres {
-		q.bulkRead = bulkReadSQL(q, inbox, cursor)
+		q.bulkRead = bulkReadSQL(inbox, cursor)
 		q.bulkWrite = bulkWriteSQL(inbox, cursor, parked)
 	}
 	return q, nil
