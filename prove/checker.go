@@ -203,7 +203,7 @@ func collect(ctx context.Context, e *env) (*truth, error) {
 		}
 	}
 	var err error
-	if t.stream, err = e.stream.readAll(ctx); err != nil {
+	if t.stream, err = e.tr.readAll(ctx); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -265,15 +265,23 @@ func check(e *env, t *truth) (Figures, []string) {
 
 	inStream := map[string]int{}
 	firstSeen := map[string]time.Time{}
+	e.rec.mu.Lock()
 	for _, m := range t.stream {
 		if m.EventID == "" {
 			continue // not a Ferry event (the forged junk message)
 		}
 		inStream[m.EventID]++
 		if _, ok := firstSeen[m.EventID]; !ok {
-			firstSeen[m.EventID] = m.Time
+			ts := m.Time
+			if ts.IsZero() {
+				ts = e.rec.firstAck[m.EventID] // the broker keeps no arrival time
+			}
+			if !ts.IsZero() {
+				firstSeen[m.EventID] = ts
+			}
 		}
 	}
+	e.rec.mu.Unlock()
 	f.Published = len(inStream)
 	f.StreamMessages = len(t.stream)
 

@@ -87,7 +87,7 @@ func cleanupThenReplay(ctx context.Context, e *env, wg *sync.WaitGroup, inbox *r
 		note = fmt.Sprintf("cleanup with retention 0 (unguarded) deleted %d dedup rows before a full replay", n)
 	}
 	durable := "replay"
-	if err := e.stream.createReplayConsumer(ctx, durable); err != nil {
+	if err := e.tr.replay(ctx, durable); err != nil {
 		return "", err
 	}
 	replay := &refInbox{env: e, maxAttempts: inbox.maxAttempts, durable: durable, nonAtomic: inbox.nonAtomic, inlineEffect: inbox.inlineEffect}
@@ -98,7 +98,7 @@ func cleanupThenReplay(ctx context.Context, e *env, wg *sync.WaitGroup, inbox *r
 	}
 	deadline := time.Now().Add(e.cfg.duration)
 	for ctx.Err() == nil && time.Now().Before(deadline) {
-		ok, err := e.stream.drained(ctx, durable)
+		ok, err := e.tr.drained(ctx, durable)
 		if err != nil {
 			return "", err
 		}

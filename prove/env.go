@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
-	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/outbox"
 )
 
@@ -30,7 +28,7 @@ type env struct {
 	st       *stack
 	db       *database
 	w        *outbox.Writer[*sql.Tx]
-	stream   *natsStream
+	tr       transport
 	plan     *plan
 	log      *slog.Logger
 	reg      *prometheus.Registry
@@ -48,8 +46,9 @@ type env struct {
 	stopping     bool        // a subprocess relay freezes itself (concurrent-relays)
 	stoppedRelay atomic.Bool // the frozen subprocess relay reported back
 
-	// pubURL is where relays connect (a fault proxy in the outage scenario).
-	pubURL string
+	// pubVia is the host:port relays connect through (the fault proxy of
+	// the outage scenario), or "" for direct.
+	pubVia string
 
 	// fault plan state: a planned fault fires once per event.
 	fired  sync.Map // key fault/event id -> struct{}
@@ -83,12 +82,13 @@ type recorder struct {
 	pubCalls    map[string]int
 	pubTotal    int
 	deliveries  map[string]int
+	firstAck    map[string]time.Time // first successful publish ack per event
 	errs        []string
 	fencedMarks atomic.Int64
 }
 
 func newRecorder() *recorder {
-	return &recorder{pubCalls: map[string]int{}, deliveries: map[string]int{}}
+	return &recorder{pubCalls: map[string]int{}, deliveries: map[string]int{}, firstAck: map[string]time.Time{}}
 }
 
 func (r *recorder) err(err error) {
@@ -114,31 +114,34 @@ func (c *countingPublisher) Publish(ctx context.Context, events []ferry.Event) [
 	}
 	c.rec.mu.Unlock()
 	res := c.Publisher.Publish(ctx, events)
-	for _, r := range res {
-		c.rec.err(r.Err)
+	now := time.Now()
+	c.rec.mu.Lock()
+	for i, r := range res {
+		if r.Err != nil {
+			c.rec.errs = append(c.rec.errs, r.Err.Error())
+			continue
+		}
+		if _, ok := c.rec.firstAck[events[i].ID.String()]; !ok {
+			c.rec.firstAck[events[i].ID.String()] = now
+		}
 	}
+	c.rec.mu.Unlock()
 	return res
 }
 
-// newPublisher returns broker/natsjs's publisher (Ferry's real adapter)
-// on the scenario's stream, wrapped to count calls.
+// newPublisher returns the broker adapter's publisher (Ferry's real
+// code) for the scenario, wrapped to count calls.
 func (e *env) newPublisher() (broker.Publisher, error) {
-	subject := e.stream.name + ".order"
-	p, err := natsjs.DialPublisher(e.pubURL, natsjs.WithSource("ferry-prove"), natsjs.WithAckTimeout(2*time.Second),
-		natsjs.WithSubject(func(*ferry.Event) string { return subject }))
+	p, err := e.tr.publisher(context.Background(), e.pubVia)
 	if err != nil {
-		return nil, fmt.Errorf("prove: publisher: %w", err)
+		return nil, err
 	}
 	return &countingPublisher{Publisher: p, rec: e.rec}, nil
 }
 
-// newConsumer returns broker/natsjs's durable pull consumer.
-func (e *env) newConsumer(ctx context.Context, durable string) (broker.Consumer, error) {
-	c, err := natsjs.DialConsumer(ctx, e.stream.url, e.stream.name, durable, natsjs.WithAckWait(e.stream.ackWait))
-	if err != nil {
-		return nil, fmt.Errorf("prove: consumer: %w", err)
-	}
-	return c, nil
+// newConsumer returns the broker adapter's consumer for group.
+func (e *env) newConsumer(ctx context.Context, group string) (broker.Consumer, error) {
+	return e.tr.consumer(ctx, group)
 }
 
 // supervise runs a component, restarting it after a crash, until ctx ends.
@@ -183,7 +186,15 @@ func (e *env) openParkedSQL() string {
 // components names what a scenario ran, honestly.
 func (e *env) components() []string {
 	sc := e.sc
-	c := []string{"ferry:outbox", "ferry:migrate", "ferry:broker/cloudevents", "nats-server(jetstream)"}
+	c := []string{"ferry:outbox", "ferry:migrate", "ferry:broker/cloudevents"}
+	switch e.tr.kind() {
+	case "kafka":
+		c = append(c, "ferry:broker/kafka", e.st.kafkaDesc())
+	case "rabbitmq":
+		c = append(c, "ferry:broker/rabbitmq", "rabbitmq")
+	default:
+		c = append(c, "ferry:broker/natsjs", "nats-server(jetstream)")
+	}
 	switch {
 	case sc.naive:
 		c = append(c, "prove:naive-producer")

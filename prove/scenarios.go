@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -168,10 +167,6 @@ const maxAmplification = 5
 func runScenario(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) Result {
 	start := time.Now()
 	res := Result{Scenario: sc.name, Description: sc.desc, Control: sc.control}
-	if st.broker != "nats" {
-		res.Status, res.Note = StatusNotAvailable, fmt.Sprintf("broker %s is not wired into prove yet (nats only)", st.broker)
-		return res
-	}
 	if sc.notAvailable != nil {
 		if why := sc.notAvailable(st, cfg); why != "" {
 			res.Status, res.Note, res.Components = StatusNotAvailable, why, nil
@@ -180,6 +175,10 @@ func runScenario(ctx context.Context, cfg *config, st *stack, sc *scenario, prog
 	}
 	f, viol, note, comps, err := execute(ctx, cfg, st, sc, prog)
 	res.Components = comps
+	if why, ok := strings.CutPrefix(note, notAvailable); ok && err == nil {
+		res.Status, res.Note, res.Elapsed = StatusNotAvailable, why, time.Since(start)
+		return res
+	}
 	res.Elapsed = time.Since(start)
 	res.Figures, res.Violations, res.Note = f, viol, note
 	switch {
@@ -199,6 +198,9 @@ func runScenario(ctx context.Context, cfg *config, st *stack, sc *scenario, prog
 	return res
 }
 
+// notAvailable prefixes the note of a scenario the broker cannot run.
+const notAvailable = "not available: "
+
 func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) (_ Figures, _ []string, _ string, comps []string, err error) {
 	f, v, n, comps, err := executeInner(ctx, cfg, st, sc, prog)
 	return f, v, n, comps, err
@@ -210,22 +212,25 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		return Figures{}, nil, "", nil, err
 	}
 	defer db.close()
-	w, err := db.writer()
-	if err != nil {
-		return Figures{}, nil, "", nil, err
-	}
+
 	p, err := newPlan(cfg, sc.name, sc.plan)
 	if err != nil {
 		return Figures{}, nil, "", nil, err
 	}
-	stream := &natsStream{url: st.natsURL, name: "PROVE_" + strings.ToUpper(strings.ReplaceAll(sc.name, "-", "_")) + "_" + randHex(4), ackWait: cfg.ackWait}
-	if err := stream.create(ctx); err != nil {
+	tr, err := st.newTransport(ctx, sc.name, cfg)
+	if err != nil {
 		return Figures{}, nil, "", nil, err
 	}
-	defer stream.destroy(context.WithoutCancel(ctx))
-
-	e := &env{cfg: cfg, sc: sc, st: st, db: db, w: w, stream: stream, plan: p, log: cfg.logger,
-		reg: prometheus.NewRegistry(), rec: newRecorder(), provider: newFakeProvider(), prog: prog, pubURL: st.natsURL}
+	defer tr.destroy(context.WithoutCancel(ctx))
+	if why := tr.unsupported(sc); why != "" {
+		return Figures{}, nil, notAvailable + why, nil, nil
+	}
+	w, err := db.writer(tr.topicTemplate())
+	if err != nil {
+		return Figures{}, nil, "", nil, err
+	}
+	e := &env{cfg: cfg, sc: sc, st: st, db: db, w: w, plan: p, log: cfg.logger,
+		reg: prometheus.NewRegistry(), rec: newRecorder(), provider: newFakeProvider(), prog: prog, tr: tr}
 	e.metrics = newMetrics(e.reg)
 	// The non-atomic control needs a broken inbox; package inbox has no
 	// public switch for that, so it runs on prove's reference inbox.
@@ -241,15 +246,11 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	}
 	var proxy *faultproxy.Proxy
 	if sc.outage {
-		u, err := url.Parse(st.natsURL)
-		if err != nil {
-			return Figures{}, nil, "", nil, fmt.Errorf("prove: nats url: %w", err)
-		}
-		if proxy, err = faultproxy.New(u.Host); err != nil {
+		if proxy, err = faultproxy.New(tr.endpoint()); err != nil {
 			return Figures{}, nil, "", nil, err
 		}
 		defer proxy.Close()
-		e.pubURL = "nats://" + proxy.Addr()
+		e.pubVia = proxy.Addr()
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
@@ -515,7 +516,7 @@ func waitPublished(ctx context.Context, e *env, limit time.Duration) error {
 			_ = rows.Scan(&committed)
 		}
 		rows.Close()
-		msgs, err := e.stream.readAll(ctx)
+		msgs, err := e.tr.readAll(ctx)
 		if err != nil {
 			return err
 		}
@@ -541,26 +542,25 @@ func forge(ctx context.Context, e *env) error {
 	if err := waitPublished(ctx, e, e.cfg.duration); err != nil {
 		return err
 	}
-	raw, err := e.stream.readAll(ctx)
+	raw, err := e.tr.readAll(ctx)
 	if err != nil {
 		return err
 	}
-	subject := e.stream.name + ".order"
 	for i := 0; i < sc.duplicates && i < len(raw); i++ {
-		if err := rawPublish(ctx, e.stream.url, subject, raw[i].Headers, raw[i].Body, "dup-"+randHex(8)); err != nil {
+		if err := e.tr.forge(ctx, raw[i].Headers, raw[i].Body, "dup-"+randHex(8)); err != nil {
 			return fmt.Errorf("prove: forge duplicate: %w", err)
 		}
 	}
 	if sc.collision && len(raw) > 0 {
 		body := append([]byte(nil), raw[0].Body...)
 		body = append(body[:len(body)-1], []byte(`,"forged":true}`)...)
-		if err := rawPublish(ctx, e.stream.url, subject, raw[0].Headers, body, "forged-"+randHex(8)); err != nil {
+		if err := e.tr.forge(ctx, raw[0].Headers, body, "forged-"+randHex(8)); err != nil {
 			return fmt.Errorf("prove: forge collision: %w", err)
 		}
 	}
 	if sc.undecodable {
 		body := []byte(`{"card_note":"` + e.plan.canary[0] + `"}`)
-		if err := rawPublish(ctx, e.stream.url, subject, map[string]string{"x-junk": "1"}, body, "junk-"+randHex(8)); err != nil {
+		if err := e.tr.forge(ctx, map[string]string{"x-junk": "1"}, body, "junk-"+randHex(8)); err != nil {
 			return fmt.Errorf("prove: forge junk: %w", err)
 		}
 	}

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/ferryhq/ferry"
+	"github.com/twmb/franz-go/pkg/kfake"
+
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
@@ -26,6 +28,9 @@ type stack struct {
 	pgURL    string
 	natsURL  string
 	embedded *natsjs.Embedded
+	kfake    *kfake.Cluster
+	kafka    []string // seed brokers
+	amqpURL  string
 	broker   string // "nats", or the scheme of an unsupported broker
 	tmp      string
 }
@@ -47,8 +52,17 @@ func openStack(ctx context.Context, cfg *config) (*stack, error) {
 		st.embedded, st.natsURL = e, e.ClientURL()
 	case strings.HasPrefix(cfg.brokerURL, "nats://"):
 		st.natsURL = cfg.brokerURL
+	case cfg.brokerURL == "kafka://kfake":
+		c, err := startKfake()
+		if err != nil {
+			st.close()
+			return nil, err
+		}
+		st.kfake, st.kafka, st.broker = c, c.ListenAddrs(), "kafka"
+	case strings.HasPrefix(cfg.brokerURL, "kafka://"):
+		st.kafka, st.broker = splitSeeds(cfg.brokerURL), "kafka"
 	default:
-		st.broker = strings.SplitN(cfg.brokerURL, ":", 2)[0]
+		st.amqpURL, st.broker = cfg.brokerURL, "rabbitmq"
 	}
 	if st.pgURL != "" {
 		db, err := sql.Open("pgx", st.pgURL)
@@ -72,8 +86,11 @@ func (st *stack) describe() string {
 		db = "postgres"
 	}
 	b := st.broker
-	if st.embedded != nil {
+	switch {
+	case st.embedded != nil:
 		b = "nats(embedded)"
+	case st.kfake != nil:
+		b = "kafka(kfake)"
 	}
 	return db + "+" + b
 }
@@ -81,6 +98,9 @@ func (st *stack) describe() string {
 func (st *stack) close() {
 	if st.embedded != nil {
 		_ = st.embedded.Close()
+	}
+	if st.kfake != nil {
+		st.kfake.Close()
 	}
 	if st.tmp != "" {
 		_ = os.RemoveAll(st.tmp)
@@ -150,8 +170,30 @@ func (d *database) init(ctx context.Context) error {
 	return createProveSchema(ctx, d.drv.Executor(), proveShards)
 }
 
-func (d *database) writer() (*outbox.Writer[*sql.Tx], error) {
-	return outbox.New(d.drv, outbox.WithShardCount(proveShards))
+func (d *database) writer(topics ferry.TopicTemplate) (*outbox.Writer[*sql.Tx], error) {
+	return outbox.New(d.drv, outbox.WithShardCount(proveShards), outbox.WithTopicTemplate(topics))
+}
+
+// newTransport creates the scenario's destination on the stack's broker.
+func (st *stack) newTransport(ctx context.Context, scenario string, cfg *config) (transport, error) {
+	switch st.broker {
+	case "kafka":
+		return newKafkaTransport(ctx, st.kafka, scenario)
+	case "rabbitmq":
+		return newRabbitTransport(ctx, st.amqpURL, scenario)
+	}
+	s := &natsStream{url: st.natsURL, name: "PROVE_" + strings.ToUpper(strings.ReplaceAll(scenario, "-", "_")) + "_" + randHex(4), ackWait: cfg.ackWait}
+	if err := s.create(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (st *stack) kafkaDesc() string {
+	if st.kfake != nil {
+		return "kfake"
+	}
+	return "kafka"
 }
 
 func (d *database) close() {

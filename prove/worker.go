@@ -33,8 +33,7 @@ var ErrNotWorker = errors.New("prove: not started as a worker (" + WorkerEnv + "
 type workerJob struct {
 	Role        string `json:"role"` // "relay"
 	DatabaseURL string `json:"database_url"`
-	NATSURL     string `json:"nats_url"`
-	Stream      string `json:"stream"`
+	Transport   transportJob `json:"transport"`
 	ID          string `json:"id"`
 	Reference   bool   `json:"reference,omitempty"`
 	// StopOnce: freeze the whole process (SIGSTOP to itself) before the
@@ -82,7 +81,7 @@ func RunWorker(ctx context.Context) error {
 	}
 	defer db.Close()
 	e := &env{db: &database{db: db, drv: databasesql.New(db, dialect), dialect: dialect, drop: func() {}},
-		stream: &natsStream{url: job.NATSURL, name: job.Stream}, pubURL: job.NATSURL,
+		tr: transportFromJob(job.Transport),
 		plan: &plan{events: map[string]*plannedEvent{}}, log: slog.New(slog.DiscardHandler),
 		rec: newRecorder(), reg: prometheus.NewRegistry()}
 	e.metrics = newMetrics(e.reg)
@@ -113,7 +112,7 @@ const sigkillKills = 6
 func startSigkillRelay(ctx context.Context, wg *sync.WaitGroup, e *env, killsDone chan<- struct{}) {
 	s1, s2 := seedFor(e.cfg.seed, e.sc.name+"/sigkill")
 	rng := rand.New(rand.NewPCG(s1, s2))
-	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, NATSURL: e.pubURL, Stream: e.stream.name, Reference: e.cfg.referenceRelay})
+	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, Transport: e.tr.job(), Reference: e.cfg.referenceRelay})
 	argv := e.cfg.worker
 	wg.Add(1)
 	go func() {
@@ -162,7 +161,7 @@ func startSigkillRelay(ctx context.Context, wg *sync.WaitGroup, e *env, killsDon
 // resumed, publishes its stale batch and must be fenced when it marks. At
 // the end it is asked to stop and reports its fenced writes.
 func startStoppingRelay(ctx context.Context, wg *sync.WaitGroup, e *env, frozen, resumed chan<- struct{}) {
-	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, NATSURL: e.pubURL, Stream: e.stream.name, ID: "relay-frozen", StopOnce: true})
+	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, Transport: e.tr.job(), ID: "relay-frozen", StopOnce: true})
 	argv := e.cfg.worker
 	var out syncBuffer
 	cmd := exec.Command(argv[0], argv[1:]...)

@@ -1,0 +1,195 @@
+package prove
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/broker/kafka"
+)
+
+// kafkaTransport is one scenario's topic on a Kafka cluster (real, or
+// franz-go's in-process kfake for kafka://kfake), through Ferry's
+// broker/kafka adapter. Events of an aggregate share a partition (key =
+// aggregate key), so per-aggregate order holds across 4 partitions.
+type kafkaTransport struct {
+	seeds []string
+	topic string
+}
+
+var _ transport = (*kafkaTransport)(nil)
+
+const kafkaPartitions = 4
+
+func splitSeeds(s string) []string {
+	s = strings.TrimPrefix(s, "kafka://")
+	return strings.Split(s, ",")
+}
+
+func startKfake() (*kfake.Cluster, error) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(kafkaPartitions))
+	if err != nil {
+		return nil, fmt.Errorf("prove: kfake: %w", err)
+	}
+	return c, nil
+}
+
+func newKafkaTransport(ctx context.Context, seeds []string, scenario string) (*kafkaTransport, error) {
+	t := &kafkaTransport{seeds: seeds, topic: "prove-" + scenario + "-" + randHex(4)}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	if err != nil {
+		return nil, fmt.Errorf("prove: kafka client: %w", err)
+	}
+	defer cl.Close()
+	if err := kafka.EnsureTopics(ctx, kadm.NewClient(cl), []string{t.topic}, kafkaPartitions, 1); err != nil {
+		return nil, fmt.Errorf("prove: kafka topic: %w", err)
+	}
+	return t, nil
+}
+
+func (t *kafkaTransport) kind() string { return "kafka" }
+
+func (t *kafkaTransport) publisher(context.Context, string) (broker.Publisher, error) {
+	p, err := kafka.NewPublisher(t.seeds, kafka.WithSource("ferry-prove"), kafka.WithDeliveryTimeout(5*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("prove: kafka publisher: %w", err)
+	}
+	return p, nil
+}
+
+func (t *kafkaTransport) consumer(_ context.Context, group string) (broker.Consumer, error) {
+	c, err := kafka.NewConsumer(t.seeds, t.topic+"-"+group, []string{t.topic}, kafka.WithCommitInterval(50*time.Millisecond),
+		kafka.WithKgoOpts(kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond), kgo.FetchMaxWait(100*time.Millisecond)))
+	if err != nil {
+		return nil, fmt.Errorf("prove: kafka consumer: %w", err)
+	}
+	return c, nil
+}
+
+// readAll reads the topic from the start of every partition to its end
+// offset at the time of the call, without a group.
+func (t *kafkaTransport) readAll(ctx context.Context) ([]streamMsg, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(t.seeds...), kgo.ConsumeTopics(t.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		return nil, fmt.Errorf("prove: kafka reader: %w", err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, t.topic)
+	if err != nil {
+		return nil, fmt.Errorf("prove: kafka end offsets: %w", err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	var out []streamMsg
+	got := map[int32]int64{}
+	done := func() bool {
+		for p, end := range want {
+			if got[p] < end {
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !done() {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("prove: kafka reader: topic %s not read to its end in time", t.topic)
+		}
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset >= want[r.Partition] {
+				return
+			}
+			got[r.Partition] = r.Offset + 1
+			h := map[string]string{}
+			for _, kv := range r.Headers {
+				h[kv.Key] = string(kv.Value)
+			}
+			out = append(out, streamMsg{EventID: h["ce_id"], Headers: h, Body: r.Value, key: string(r.Key)})
+		})
+	}
+	return out, nil
+}
+
+func (t *kafkaTransport) forge(ctx context.Context, headers map[string]string, body []byte, _ string) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(t.seeds...))
+	if err != nil {
+		return fmt.Errorf("prove: kafka forger: %w", err)
+	}
+	defer cl.Close()
+	r := &kgo.Record{Topic: t.topic, Value: body, Key: []byte(headers["ce_partitionkey"])}
+	for k, v := range headers {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+	}
+	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+		return fmt.Errorf("prove: kafka forge: %w", err)
+	}
+	return nil
+}
+
+// replay: a new group starts at the beginning of every partition.
+func (t *kafkaTransport) replay(context.Context, string) error { return nil }
+
+func (t *kafkaTransport) drained(ctx context.Context, group string) (bool, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(t.seeds...))
+	if err != nil {
+		return false, fmt.Errorf("prove: kafka admin: %w", err)
+	}
+	defer cl.Close()
+	lags, err := kadm.NewClient(cl).Lag(ctx, t.topic+"-"+group)
+	if err != nil {
+		return false, fmt.Errorf("prove: kafka lag: %w", err)
+	}
+	l, ok := lags[t.topic+"-"+group]
+	if !ok || l.Error() != nil {
+		return false, nil
+	}
+	members := l.Lag.Sorted()
+	if len(members) == 0 {
+		return false, nil
+	}
+	for _, ml := range members {
+		if ml.Err != nil || ml.Lag != 0 || (ml.End.Offset > 0 && ml.Commit.At < ml.End.Offset) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// endpoint: Kafka clients learn broker addresses from metadata, so a
+// single proxy cannot stand in front of the cluster.
+func (t *kafkaTransport) endpoint() string { return "" }
+
+func (t *kafkaTransport) job() transportJob {
+	return transportJob{Kind: "kafka", URL: strings.Join(t.seeds, ","), Topic: t.topic}
+}
+
+func (t *kafkaTransport) unsupported(sc *scenario) string {
+	if sc.outage {
+		return "Kafka clients bypass a single TCP proxy (brokers advertise their own addresses)"
+	}
+	return ""
+}
+
+func (t *kafkaTransport) destroy(ctx context.Context) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(t.seeds...))
+	if err != nil {
+		return
+	}
+	defer cl.Close()
+	_, _ = kadm.NewClient(cl).DeleteTopics(ctx, t.topic)
+}
