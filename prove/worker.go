@@ -31,11 +31,11 @@ const WorkerEnv = "FERRY_PROVE_WORKER"
 var ErrNotWorker = errors.New("prove: not started as a worker (" + WorkerEnv + " unset)")
 
 type workerJob struct {
-	Role        string `json:"role"` // "relay"
-	DatabaseURL string `json:"database_url"`
+	Role        string       `json:"role"` // "relay"
+	DatabaseURL string       `json:"database_url"`
 	Transport   transportJob `json:"transport"`
-	ID          string `json:"id"`
-	Reference   bool   `json:"reference,omitempty"`
+	ID          string       `json:"id"`
+	Reference   bool         `json:"reference,omitempty"`
 	// StopOnce: freeze the whole process (SIGSTOP to itself) before the
 	// first publish; the parent resumes it after the lease expired.
 	StopOnce bool `json:"stop_once,omitempty"`
@@ -81,7 +81,7 @@ func RunWorker(ctx context.Context) error {
 	}
 	defer db.Close()
 	e := &env{db: &database{db: db, drv: databasesql.New(db, dialect), dialect: dialect, drop: func() {}},
-		tr: transportFromJob(job.Transport),
+		tr:   transportFromJob(job.Transport),
 		plan: &plan{events: map[string]*plannedEvent{}}, log: slog.New(slog.DiscardHandler),
 		rec: newRecorder(), reg: prometheus.NewRegistry()}
 	e.metrics = newMetrics(e.reg)
