@@ -70,8 +70,7 @@ func fenceScenario(t *testing.T, noFence bool) (a, b *Relay, s *store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ra.cfg.noFence = noFence
-	ra.q, _ = newQueries(s.db.Dialect(), ferry.Tables{}, DeadHold, noFence, false)
+	ra.cfg.noFence = noFence // start() renders the queries with it
 	ra.cfg.beforeLeaseTick = func() {
 		for paused.Load() {
 			time.Sleep(10 * time.Millisecond)

@@ -158,7 +158,7 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, cfg.noFence, cfg.syncMarks)
+	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, queryOpts{noFence: cfg.noFence, syncMarks: cfg.syncMarks})
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +284,27 @@ func (r *Relay) Run(ctx context.Context) error {
 // takes the first leases, so Run fails fast on misconfiguration.
 func (r *Relay) start(ctx context.Context) error {
 	exec := r.db.Executor()
-	rows, err := exec.Query(ctx, r.q.checkShards, r.cfg.shards)
+	// With ops' migration applied, a discarded dead row releases its hold.
+	var cols int64
+	rows, err := exec.Query(ctx, r.q.hasDiscarded)
+	if err != nil {
+		return fmt.Errorf("relay: inspect outbox columns: %w", err)
+	}
+	for rows.Next() {
+		err = rows.Scan(&cols)
+	}
+	if err == nil {
+		err = rows.Err()
+	}
+	rows.Close()
+	if err != nil {
+		return fmt.Errorf("relay: inspect outbox columns: %w", err)
+	}
+	if q, err := newQueries(r.db.Dialect(), r.cfg.tables, r.cfg.deadPolicy,
+		queryOpts{noFence: r.cfg.noFence, syncMarks: r.cfg.syncMarks, discarded: cols > 0}); err == nil {
+		r.q = q
+	}
+	rows, err = exec.Query(ctx, r.q.checkShards, r.cfg.shards)
 	if err != nil {
 		return fmt.Errorf("relay: check shard count (did `ferry migrate up` run?): %w", err)
 	}

@@ -24,6 +24,7 @@ var channelRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 type queries struct {
 	dialect driver.Dialect
 
+	hasDiscarded  string
 	checkShards   string
 	ensureLeases  string
 	heartbeat     string
@@ -45,7 +46,17 @@ type queries struct {
 // (sortable as text when every value is UTC).
 const sqliteNow = `strftime('%Y-%m-%d %H:%M:%f+00:00', 'now')`
 
-func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, noFence, syncMarks bool) (*queries, error) {
+// queryOpts are the switches newQueries renders.
+type queryOpts struct {
+	noFence   bool // test hook: the negative control
+	syncMarks bool // WithSynchronousMarks
+	// discarded: the outbox has ops' discarded_at column (migration 0005);
+	// a dead row an operator discarded no longer holds its aggregate.
+	discarded bool
+}
+
+func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts) (*queries, error) {
+	noFence, syncMarks := o.noFence, o.syncMarks
 	var now string
 	var plus func(secs string) string // now + secs (a float8 expression)
 	var rowsOf func(param string, cols ...string) string
@@ -82,6 +93,14 @@ func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, noFence, sy
 	outbox, leases, inst := t.Name("outbox"), t.Name("relay_leases"), t.Name("relay_instances")
 	q := &queries{dialect: d}
 
+	q.hasDiscarded = fmt.Sprintf(`SELECT count(*) FROM information_schema.columns
+WHERE table_name = '%s' AND column_name = 'discarded_at' AND table_schema = %s`, t.Bare("outbox"), "current_schema()")
+	if t.Schema != "" {
+		q.hasDiscarded = strings.Replace(q.hasDiscarded, "current_schema()", "'"+t.Schema+"'", 1)
+	}
+	if d == driver.SQLite {
+		q.hasDiscarded = fmt.Sprintf(`SELECT count(*) FROM pragma_table_info('%s') WHERE name = 'discarded_at'`, t.Bare("outbox"))
+	}
 	q.checkShards = fmt.Sprintf(`SELECT shard_count, count(*) FROM %s WHERE status <> 'sent' AND shard_count <> $1
 GROUP BY shard_count ORDER BY 2 DESC LIMIT 1`, outbox)
 	q.ensureLeases = fmt.Sprintf(`WITH RECURSIVE s(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM s WHERE n + 1 < CAST($1 AS INTEGER))
@@ -110,26 +129,47 @@ RETURNING shard, fence`, leases, plus("$2"), now, lock)
 	// An earlier row that is due has a lower id (per aggregate, id order is
 	// sequence order: the producer allocates both under the aggregate's row
 	// lock) and so is claimed first, in the same batch.
+	//
+	// The blocking rows of the owned shards are collected once per claim
+	// (outbox_pending_idx for the backing-off ones, outbox_dead_shard_idx for the
+	// dead ones; both are few), and candidate rows are checked against that
+	// small set before the LIMIT, so a held aggregate with a long tail
+	// never fills a shard's share of the batch and starves the others.
 	blocking := fmt.Sprintf("(p.status = 'pending' AND p.next_attempt_at > %s)", now)
 	if policy == DeadHold {
-		blocking = fmt.Sprintf("(p.status = 'dead' OR %s)", blocking)
+		dead := "p.status = 'dead'"
+		if o.discarded {
+			dead = "(p.status = 'dead' AND p.discarded_at IS NULL)"
+		}
+		blocking = fmt.Sprintf("(%s OR %s)", blocking, dead)
 	}
 	cols := `o.id, o.event_id, o.tenant_id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_type, o.schema_version,
     o.topic, o.shard, o.content_type, o.payload, o.occurred_at, o.traceparent, o.correlation_id, o.causation_id,
     o.principal, o.action, o.target, o.attempts`
-	inner := fmt.Sprintf(`SELECT * FROM %[1]s o
-    WHERE o.shard = %[2]s AND o.status = 'pending' AND o.next_attempt_at <= %[3]s
-      AND NOT EXISTS (SELECT 1 FROM %[1]s p
-          WHERE p.tenant_id = o.tenant_id AND p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq < o.aggregate_seq AND p.status <> 'sent' AND %[4]s)
-    ORDER BY o.id LIMIT $2`, outbox, "%s", now, blocking)
+	shardsIs, shardIs, materialized := "= ANY($1::int[])", "= s.shard", " MATERIALIZED"
+	if d == driver.SQLite {
+		// In-process: one query per shard costs a function call.
+		shardsIs, shardIs, materialized = "= $1", "= $1", ""
+	}
+	claim := fmt.Sprintf(`WITH blocked AS%[6]s (
+    SELECT p.tenant_id, p.aggregate_type, p.aggregate_id, min(p.aggregate_seq) AS seq
+    FROM %[1]s p WHERE p.shard %[2]s AND %[4]s
+    GROUP BY p.tenant_id, p.aggregate_type, p.aggregate_id
+)
+SELECT %[7]s FROM %[8]s (
+    SELECT * FROM %[1]s o
+    WHERE o.shard %[3]s AND o.status = 'pending' AND o.next_attempt_at <= %[5]s
+      AND NOT EXISTS (SELECT 1 FROM blocked b
+          WHERE b.tenant_id = o.tenant_id AND b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
+            AND b.seq < o.aggregate_seq)
+    ORDER BY o.id LIMIT $2) o`, outbox, shardsIs, shardIs, blocking, now, materialized, "{{cols}}", "{{from}}")
 	if d == driver.Postgres {
 		// One round trip for every owned shard: k rows per shard, each
 		// read in id order from outbox_claim_idx.
-		q.claim = strings.Replace(fmt.Sprintf(`SELECT %s FROM unnest($1::int[]) AS s(shard) CROSS JOIN LATERAL (%s) o`, strings.ReplaceAll(cols, "o.event_id", "o.event_id::text"), inner), "%s", "s.shard", 1)
+		q.claim = strings.NewReplacer("{{cols}}", strings.ReplaceAll(cols, "o.event_id", "o.event_id::text"),
+			"{{from}}", "unnest($1::int[]) AS s(shard) CROSS JOIN LATERAL").Replace(claim)
 	} else {
-		// In-process: one query per shard costs a function call.
-		q.claim = fmt.Sprintf(`SELECT %s FROM (%s) o`, cols, strings.Replace(inner, "%s", "$1", 1))
+		q.claim = strings.NewReplacer("{{cols}}", cols, "{{from}}", "").Replace(claim)
 	}
 
 	// Marks commit asynchronously on Postgres (synchronous_commit off for

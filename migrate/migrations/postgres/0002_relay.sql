@@ -25,3 +25,8 @@ CREATE TABLE {{.T "relay_instances"}} (
 -- aggregate, id order is sequence order), so a backlog is read k rows at a
 -- time instead of sorted whole on every poll.
 CREATE INDEX {{.I "outbox_claim_idx"}} ON {{.T "outbox"}} (shard, id) WHERE status = 'pending';
+
+-- Dead rows hold their aggregate's later events (DeadHold): the claim
+-- looks them up per owned shard on every cycle. Dead rows are few, so the
+-- index is small and costs nothing for rows that are not dead.
+CREATE INDEX {{.I "outbox_dead_shard_idx"}} ON {{.T "outbox"}} (shard) WHERE status = 'dead';

@@ -13,3 +13,4 @@ CREATE TABLE {{.T "relay_instances"}} (
     expires_at   TIMESTAMP NOT NULL
 );
 CREATE INDEX {{.I "outbox_claim_idx"}} ON {{.Bare "outbox"}} (shard, id) WHERE status = 'pending';
+CREATE INDEX {{.I "outbox_dead_shard_idx"}} ON {{.Bare "outbox"}} (shard) WHERE status = 'dead';
