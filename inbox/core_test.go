@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
@@ -386,6 +387,21 @@ func TestHandlerErrorsRetryThenPoison(t *testing.T) {
 			if len(effects(t, s.db)) != 1 {
 				t.Fatal("poison messages must leave no effect")
 			}
+			// After the fix, replaying the poison messages applies each once.
+			mu.Lock()
+			clear(fail)
+			mu.Unlock()
+			var ids []int64
+			for _, p := range openParked(t, ib, ReasonPoison) {
+				ids = append(ids, p.ID)
+			}
+			rs, err := ib.Replay(context.Background(), ids...)
+			if err != nil || len(rs) != 2 || rs[0].Outcome != OutcomeApplied || rs[1].Outcome != OutcomeApplied {
+				t.Fatalf("replay poison after fix: %+v %v", rs, err)
+			}
+			if len(effects(t, s.db)) != 3 {
+				t.Fatalf("effects after replay = %d, want 3", len(effects(t, s.db)))
+			}
 		})
 	}
 }
@@ -629,6 +645,33 @@ func TestBatchConcurrentTwoInstances(t *testing.T) {
 			// healed by HealGaps; none stays open once healed.
 			if _, err := a.HealGaps(context.Background()); err != nil {
 				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// HealGaps applies a parked gap message whose predecessor was applied by
+// another instance that did not see the park (the race the sweep covers).
+func TestHealGaps(t *testing.T) {
+	for _, s := range stores(t) {
+		t.Run(s.name, func(t *testing.T) {
+			ib := newInbox(t, s, nil)
+			e2 := event(t, "acme", "h1", 2, "b")
+			mustDeliver(t, ib, e2)
+			if len(openParked(t, ib, ReasonGap)) != 1 {
+				t.Fatal("2 not parked")
+			}
+			// The other instance applied 1 and committed its cursor.
+			if _, err := s.db.Exec(`INSERT INTO ferry_inbox_cursor (consumer, tenant_id, aggregate_type, aggregate_id, last_seq, updated_at)
+				VALUES ('shipping', 'acme', 'order', 'h1', 1, $1)`, time.Now().UTC()); err != nil {
+				t.Fatal(err)
+			}
+			n, err := ib.HealGaps(context.Background())
+			if err != nil || n != 1 {
+				t.Fatalf("heal: %d %v", n, err)
+			}
+			if got := seqs(effects(t, s.db)); got != "2" || len(openParked(t, ib, ReasonGap)) != 0 {
+				t.Fatalf("after heal: effects %s, open gaps %d", got, len(openParked(t, ib, ReasonGap)))
 			}
 		})
 	}
