@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
@@ -189,5 +190,53 @@ func TestNATSOrder132(t *testing.T) {
 	}
 	if ps, _ := ib.ListParked(context.Background(), ParkedFilter{}); len(ps) != 0 {
 		t.Fatalf("open parked: %+v", ps)
+	}
+}
+
+// The lag gauge reads JetStream's num_pending through the adapter while
+// Run is running.
+func TestNATSLagMetric(t *testing.T) {
+	s := newNATSStack(t)
+	s.publish(t, event(t, "acme", "l1", 1, "a"), event(t, "acme", "l1", 2, "b"))
+	release := make(chan struct{})
+	blocking := func(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return pgxEffect(ctx, tx, ev)
+	}
+	reg := prometheus.NewRegistry()
+	ib, err := New[pgx.Tx](s.drv, "shipping", blocking, WithRegisterer[pgx.Tx](reg), WithLogger[pgx.Tx](testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := s.consumer(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ib.Run(ctx, c) }()
+	var lag float64 = -1
+	for deadline := time.Now().Add(10 * time.Second); lag < 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "ferry_inbox_consumer_lag" {
+				lag = mf.Metric[0].Gauge.GetValue()
+			}
+		}
+	}
+	close(release)
+	for ib.Stats().Applied < 2 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if lag < 0 {
+		t.Fatal("ferry_inbox_consumer_lag not exported while Run was running")
 	}
 }
