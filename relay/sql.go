@@ -178,24 +178,30 @@ SELECT %[7]s FROM %[8]s (
 	// event id, which at-least-once delivery already allows. It saves a
 	// WAL flush per batch. The claim is read-only; the broker ack, which
 	// is what G2 rests on, came before.
-	async := ""
+	withAsync, async := "", ""
 	if d == driver.Postgres && !syncMarks {
-		async = ", (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+		withAsync = "WITH async_commit AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))\n"
+		async = ", async_commit"
 	}
-	fence := fmt.Sprintf("l.owner = $1 AND l.fence = m.fence AND l.expires_at > %s AND ", now)
+	// The fence is a scalar subquery per row (the lease of the row's shard
+	// by primary key), not a join: as a join the planner may start from
+	// the lease table and fan out, e.g. hashing every batch row against
+	// every lease with the same fence value (all 1 in a new deployment).
+	fence := fmt.Sprintf(`(SELECT l.fence FROM %[1]s l WHERE l.shard = %[2]s.shard AND l.owner = $1 AND l.expires_at > %[3]s) = m.fence`,
+		leases, outbox, now)
 	if noFence {
-		fence = "CAST($1 AS TEXT) = CAST($1 AS TEXT) AND " // keeps $1 typed
+		fence = "CAST($1 AS TEXT) = CAST($1 AS TEXT)" // keeps $1 typed
 	}
-	q.markSent = fmt.Sprintf(`UPDATE %[1]s SET status = 'sent', published_at = %[2]s, broker_receipt = m.receipt
-FROM %[3]s, %[4]s l%[6]s
-WHERE %[1]s.id = m.id AND l.shard = %[1]s.shard AND %[5]s%[1]s.status = 'pending'`,
-		outbox, now, rowsOf("$2", "id", "fence", "receipt"), leases, fence, async)
-	q.markFailed = fmt.Sprintf(`UPDATE %[1]s SET attempts = %[1]s.attempts + 1,
+	q.markSent = fmt.Sprintf(`%[6]sUPDATE %[1]s SET status = 'sent', published_at = %[2]s, broker_receipt = m.receipt
+FROM %[3]s%[5]s
+WHERE %[1]s.id = m.id AND %[1]s.status = 'pending' AND %[4]s`,
+		outbox, now, rowsOf("$2", "id", "fence", "receipt"), fence, async, withAsync)
+	q.markFailed = fmt.Sprintf(`%[6]sUPDATE %[1]s SET attempts = %[1]s.attempts + 1,
     status = CASE WHEN m.dead THEN 'dead' ELSE 'pending' END,
     next_attempt_at = %[2]s, last_error = m.err
-FROM %[3]s, %[4]s l%[6]s
-WHERE %[1]s.id = m.id AND l.shard = %[1]s.shard AND %[5]s%[1]s.status = 'pending'`,
-		outbox, plus("m.delay"), rowsOf("$2", "id", "fence", "delay", "dead", "err"), leases, fence, async)
+FROM %[3]s%[5]s
+WHERE %[1]s.id = m.id AND %[1]s.status = 'pending' AND %[4]s`,
+		outbox, plus("m.delay"), rowsOf("$2", "id", "fence", "delay", "dead", "err"), fence, async, withAsync)
 	if d == driver.Postgres {
 		q.stats = fmt.Sprintf(`SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'dead'),
     COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
