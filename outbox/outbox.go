@@ -27,6 +27,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/otelferry"
 )
 
 // Writer writes events. It is safe for concurrent use and holds no
@@ -40,12 +41,14 @@ type Writer[TTx any] struct {
 }
 
 type config struct {
-	tables ferry.Tables
-	limits ferry.Limits
-	topics ferry.TopicTemplate
-	shards int
-	notify string
-	now    func() time.Time
+	tables  ferry.Tables
+	limits  ferry.Limits
+	topics  ferry.TopicTemplate
+	shards  int
+	notify  string
+	now     func() time.Time
+	admit   func(ctx context.Context) error
+	noTrace bool
 }
 
 // Option configures a Writer.
@@ -70,6 +73,22 @@ func WithShardCount(n int) Option { return func(c *config) { c.shards = n } }
 // the same statement, so a listening relay wakes at commit instead of at its
 // next poll. Notifications are delivered only if the transaction commits.
 func WithNotify(channel string) Option { return func(c *config) { c.notify = channel } }
+
+// WithAdmission runs check before every write; an error aborts the call
+// before anything is written and is returned wrapped. Use it with
+// ops.CapacityGuard so producers fail fast with ops.ErrOutboxFull instead of
+// filling the disk when the relay is stuck:
+//
+//	guard, _ := ops.NewCapacityGuard(drv.Executor(), 1_000_000)
+//	w, _ := outbox.New(drv, outbox.WithAdmission(guard.Check))
+func WithAdmission(check func(ctx context.Context) error) Option {
+	return func(c *config) { c.admit = check }
+}
+
+// WithoutTraceCapture stops the writer from filling an empty
+// Headers.Traceparent from the OpenTelemetry span in ctx (on by default, so
+// one trace shows command → publish → apply).
+func WithoutTraceCapture() Option { return func(c *config) { c.noTrace = true } }
 
 // WithClock overrides time.Now (tests).
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
@@ -158,10 +177,22 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 	if len(events) > MaxEventsPerCall {
 		return nil, &ferry.ValidationError{Index: MaxEventsPerCall, Field: "events", Reason: fmt.Sprintf("%d events in one call exceeds the limit of %d", len(events), MaxEventsPerCall)}
 	}
+	if w.cfg.admit != nil {
+		if err := w.cfg.admit(ctx); err != nil {
+			return nil, fmt.Errorf("outbox: admission refused: %w", err)
+		}
+	}
 	now := w.cfg.now().UTC()
+	traceparent := ""
+	if !w.cfg.noTrace {
+		traceparent = otelferry.TraceparentFromContext(ctx)
+	}
 	out := make([]ferry.Event, len(events))
 	for i := range events {
 		e := events[i]
+		if e.Headers.Traceparent == "" {
+			e.Headers.Traceparent = traceparent
+		}
 		if err := w.cfg.limits.Validate(i, &e); err != nil {
 			return nil, err
 		}
