@@ -58,6 +58,8 @@ type gaugeSnapshot struct {
 	lagKnown    bool
 }
 
+var _ prometheus.Collector = (*gaugeCollector)(nil)
+
 type gaugeCollector struct {
 	collect                                           func(ctx context.Context) (gaugeSnapshot, error)
 	parked, oldest, gapsOpen, gapOldest, overdue, lag *prometheus.Desc
