@@ -10,6 +10,7 @@ func newBenchCmd() *cobra.Command {
 		Short: "Benchmarks: produce (outbox write cost on Postgres)",
 	}
 	cmd.AddCommand(newBenchProduceCmd())
+	cmd.AddCommand(newBenchRelayCmd())
 	cmd.AddCommand(newBenchConsumeCmd())
 	return cmd
 }

@@ -1,0 +1,317 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/broker/kafka"
+	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/migrate"
+	"github.com/ferryhq/ferry/outbox"
+	"github.com/ferryhq/ferry/relay"
+)
+
+type benchRelayFlags struct {
+	dbURL     string
+	brokerURL string
+	events    int
+	rate      int
+	latencyN  int
+	payload   int
+	aggs      int
+	workers   int
+	batch     int
+}
+
+func newBenchRelayCmd() *cobra.Command {
+	f := &benchRelayFlags{}
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Relay benchmark: drain rate Postgres → broker, commit→ack latency with and without NOTIFY, peak RSS",
+		Long: `Creates a scratch schema in the Postgres database (dropped afterwards), then:
+
+  drain    pre-fills --events events and measures how fast one relay with
+           default settings publishes them (events/s);
+  latency  writes --latency-events events at --rate per second, once with the
+           producer's NOTIFY + the relay's LISTEN and once polling at the
+           default interval, and reports commit→broker-ack p50/p99.
+
+Broker: nats://… (a scratch stream, deleted afterwards) or kfake (an
+in-process Kafka speaking the wire protocol). Peak RSS is this process's
+high-water mark, producer included: an upper bound for the relay's.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			applyEnv(cmd)
+			return runBenchRelay(cmd.Context(), cmd.OutOrStdout(), f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.dbURL, "database-url", "", "Postgres URL (a scratch schema is created in it)")
+	fl.StringVar(&f.brokerURL, "broker-url", "nats://127.0.0.1:4222", "nats://… or kfake")
+	fl.IntVar(&f.events, "events", 50000, "events to pre-fill for the drain measurement")
+	fl.IntVar(&f.rate, "rate", 1000, "events per second for the latency measurement")
+	fl.IntVar(&f.latencyN, "latency-events", 5000, "events written for each latency measurement")
+	fl.IntVar(&f.payload, "payload-bytes", 300, "payload size")
+	fl.IntVar(&f.aggs, "aggregates", 1000, "aggregates the events are spread over")
+	fl.IntVar(&f.workers, "workers", relay.DefaultWorkers, "relay workers")
+	fl.IntVar(&f.batch, "batch-size", relay.DefaultBatchSize, "relay batch size")
+	return cmd
+}
+
+func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error {
+	if !strings.HasPrefix(f.dbURL, "postgres") {
+		return errors.New("--database-url must be a postgres:// URL")
+	}
+	if f.events < 1 || f.rate < 1 || f.latencyN < 1 || f.aggs < 1 || f.payload < 0 {
+		return errors.New("--events, --rate, --latency-events, --aggregates must be >= 1")
+	}
+	fmt.Fprintf(out, "ferry bench relay: broker %s, %d-byte payloads over %d aggregates, workers %d, batch %d\n",
+		f.brokerURL, f.payload, f.aggs, f.workers, f.batch)
+	if load, err := os.ReadFile("/proc/loadavg"); err == nil {
+		fmt.Fprintf(out, "load average at start: %s", load)
+	}
+
+	drain, err := benchRelayRun(ctx, f, "drain", false)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "drain     %8d events in %-8s %8.0f events/s\n", f.events, drain.elapsed.Round(time.Millisecond), float64(f.events)/drain.elapsed.Seconds())
+	for _, notify := range []bool{true, false} {
+		res, err := benchRelayRun(ctx, f, "latency", notify)
+		if err != nil {
+			return err
+		}
+		mode := "NOTIFY"
+		if !notify {
+			mode = "poll " + relay.DefaultPollInterval.String()
+		}
+		fmt.Fprintf(out, "latency   %-12s %d events at %d/s: commit→ack p50 %6.2f ms  p99 %7.2f ms  max %7.2f ms\n",
+			mode, len(res.lat), f.rate, ms(res.q(0.5)), ms(res.q(0.99)), ms(res.q(1)))
+	}
+	fmt.Fprintf(out, "peak RSS  %.1f MB (whole process)\n", float64(benchPeakRSS())/(1<<20))
+	return nil
+}
+
+type benchResult struct {
+	elapsed time.Duration
+	lat     []time.Duration
+}
+
+func (r benchResult) q(p float64) time.Duration {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	return r.lat[int(float64(len(r.lat)-1)*p)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// benchRelayRun runs one measurement in a fresh schema and destination.
+func benchRelayRun(ctx context.Context, f *benchRelayFlags, kind string, notify bool) (benchResult, error) {
+	suffix := benchRandHex()
+	schema := "ferry_bench_" + suffix
+	admin, err := pgxpool.New(ctx, f.dbURL)
+	if err != nil {
+		return benchResult{}, err
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA %q`, schema)); err != nil {
+		return benchResult{}, err
+	}
+	defer func() { _, _ = admin.Exec(context.WithoutCancel(ctx), fmt.Sprintf(`DROP SCHEMA %q CASCADE`, schema)) }()
+	u, err := url.Parse(f.dbURL)
+	if err != nil {
+		return benchResult{}, err
+	}
+	qv := u.Query()
+	qv.Set("search_path", schema)
+	u.RawQuery = qv.Encode()
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		return benchResult{}, err
+	}
+	defer pool.Close()
+	drv := pgxv5.New(pool)
+	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
+		return benchResult{}, err
+	}
+
+	prefix := "ferrybench" + suffix
+	pub, cleanup, err := benchPublisher(ctx, f.brokerURL, prefix)
+	if err != nil {
+		return benchResult{}, err
+	}
+	defer cleanup()
+
+	wopts := []outbox.Option{outbox.WithTopicTemplate(ferry.TopicTemplate(prefix + ".{aggregate_type}"))}
+	ropts := []relay.Option{relay.WithWorkers(f.workers), relay.WithBatchSize(f.batch)}
+	if notify {
+		wopts = append(wopts, outbox.WithNotify("ferry_bench_"+suffix))
+		ropts = append(ropts, relay.WithListener(pool, "ferry_bench_"+suffix))
+	}
+	w, err := outbox.New(drv, wopts...)
+	if err != nil {
+		return benchResult{}, err
+	}
+	payload := []byte(`"` + strings.Repeat("x", max(f.payload-2, 0)) + `"`)
+	mk := func(i int) ferry.Event {
+		return ferry.Event{TenantID: "bench", AggregateType: "order", AggregateID: "agg-" + strconv.Itoa(i%f.aggs),
+			EventType: "order.changed", SchemaVersion: 1, Payload: payload}
+	}
+
+	var mu sync.Mutex
+	committed := map[string]time.Time{}
+	var lat []time.Duration
+	if kind == "latency" {
+		ropts = append(ropts, relay.WithFaults(relay.Faults{AfterPublishBeforeMark: func(_ context.Context, evs []ferry.Event, res []broker.Result) error {
+			now := time.Now()
+			mu.Lock()
+			defer mu.Unlock()
+			for i, e := range evs {
+				if c, ok := committed[e.ID.String()]; ok && res[i].Err == nil {
+					lat = append(lat, now.Sub(c))
+					delete(committed, e.ID.String())
+				}
+			}
+			return nil
+		}}))
+	} else {
+		for i := 0; i < f.events; {
+			batch := make([]ferry.Event, 0, 500)
+			for j := 0; j < 500 && i < f.events; j, i = j+1, i+1 {
+				batch = append(batch, mk(i))
+			}
+			if _, err := w.Insert(ctx, batch...); err != nil {
+				return benchResult{}, err
+			}
+		}
+	}
+
+	r, err := relay.New(drv, pub, ropts...)
+	if err != nil {
+		return benchResult{}, err
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- r.Run(rctx) }()
+	defer func() {
+		stop()
+		<-done
+	}()
+	want := uint64(f.events)
+	if kind == "latency" {
+		want = uint64(f.latencyN)
+		for len(r.Status().OwnedShards) < ferry.DefaultShardCount {
+			time.Sleep(10 * time.Millisecond)
+		}
+		tick := time.NewTicker(time.Second / time.Duration(f.rate))
+		for i := 0; i < f.latencyN; i++ {
+			<-tick.C
+			e := mk(i)
+			id, err := ferry.NewEventID()
+			if err != nil {
+				tick.Stop()
+				return benchResult{}, err
+			}
+			e.ID = id
+			// Recorded before the commit so a fast relay cannot miss it,
+			// then moved to the moment Insert returned (commit done).
+			mu.Lock()
+			committed[id.String()] = time.Now()
+			mu.Unlock()
+			if _, err := w.Insert(ctx, e); err != nil {
+				tick.Stop()
+				return benchResult{}, err
+			}
+			mu.Lock()
+			if _, ok := committed[id.String()]; ok {
+				committed[id.String()] = time.Now()
+			}
+			mu.Unlock()
+		}
+		tick.Stop()
+	}
+	deadline := time.Now().Add(10 * time.Minute)
+	for r.Status().Published < want {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return benchResult{}, fmt.Errorf("bench relay: %d of %d published before giving up", r.Status().Published, want)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	res := benchResult{elapsed: time.Since(start)}
+	mu.Lock()
+	res.lat = append(res.lat, lat...)
+	mu.Unlock()
+	sort.Slice(res.lat, func(i, j int) bool { return res.lat[i] < res.lat[j] })
+	return res, nil
+}
+
+// benchPublisher connects to the broker and creates a scratch destination.
+func benchPublisher(ctx context.Context, brokerURL, prefix string) (broker.Publisher, func(), error) {
+	if brokerURL == "kfake" {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(16, prefix+".order"))
+		if err != nil {
+			return nil, nil, err
+		}
+		pub, err := kafka.NewPublisher(c.ListenAddrs())
+		if err != nil {
+			c.Close()
+			return nil, nil, err
+		}
+		return pub, func() { _ = pub.Close(); c.Close() }, nil
+	}
+	pub, err := natsjs.DialPublisher(brokerURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	stream := strings.ToUpper(prefix)
+	if _, err := natsjs.EnsureStream(ctx, pub.JetStream(), natsjs.StreamConfig{Name: stream, Subjects: []string{prefix + ".>"}}); err != nil {
+		_ = pub.Close()
+		return nil, nil, err
+	}
+	js := pub.JetStream()
+	return pub, func() {
+		_ = js.DeleteStream(context.WithoutCancel(ctx), stream)
+		_ = pub.Close()
+	}, nil
+}
+
+func benchRandHex() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// benchPeakRSS is this process's resident-set high-water mark (VmHWM).
+func benchPeakRSS() int64 {
+	raw, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
