@@ -342,7 +342,7 @@ func (ib *Inbox[TTx]) applySuccessors(ctx context.Context, txv TTx, tx driver.Tx
 		if err != nil || !found || p.Event.AggregateSeq > seq+1 {
 			return err
 		}
-		done, next, err := ib.replayParked(ctx, txv, tx, p, false, tally)
+		done, next, err := ib.replayParked(ctx, txv, tx, p, tally)
 		if err != nil || !done {
 			return err
 		}

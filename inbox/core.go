@@ -292,7 +292,8 @@ func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m 
 	return stepResult{kind: stepApplied, hasSuccessor: c.hasSuccessor}, nil
 }
 
-// parkArgs builds the parking upsert's arguments.
+// park writes (or updates) the open parked row of m: one row per distinct
+// message, whatever the reason, so a redelivery or replay bumps attempts.
 func (ib *Inbox[TTx]) park(ctx context.Context, exec driver.Executor, m *message, reason Reason, errText string, otherFP []byte) (int64, error) {
 	now := ib.cfg.now().UTC()
 	ev := m.ev

@@ -308,7 +308,7 @@ func describeStep(sr stepResult, current Reason) (Outcome, Reason, string) {
 // replayParked runs one parked row through the live path under a
 // savepoint, inside tx. done reports the row was resolved (applied,
 // duplicate or stale); seq is its sequence when applied.
-func (ib *Inbox[TTx]) replayParked(ctx context.Context, txv TTx, tx driver.Tx, p Parked, dryRun bool, tally *txTally) (bool, int64, error) {
+func (ib *Inbox[TTx]) replayParked(ctx context.Context, txv TTx, tx driver.Tx, p Parked, tally *txTally) (bool, int64, error) {
 	done, seq, _, err := ib.replayParkedResult(ctx, txv, tx, p, tally)
 	if err != nil {
 		// A successor that cannot be replayed now stays parked; the heal
