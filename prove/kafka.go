@@ -47,7 +47,13 @@ func newKafkaTransport(ctx context.Context, seeds []string, scenario string) (*k
 		return nil, fmt.Errorf("prove: kafka client: %w", err)
 	}
 	defer cl.Close()
-	if err := kafka.EnsureTopics(ctx, kadm.NewClient(cl), []string{t.topic}, kafkaPartitions, 1); err != nil {
+	// A fresh name: create it directly (listing a missing topic first makes
+	// the client wait out its metadata retries).
+	resps, err := kadm.NewClient(cl).CreateTopics(ctx, kafkaPartitions, 1, nil, t.topic)
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("prove: kafka topic: %w", err)
 	}
 	return t, nil

@@ -57,7 +57,7 @@ func naiveTx(ctx context.Context, e *env, pub broker.Publisher, mu *sync.Mutex, 
 		ev := pe.event()
 		k := ev.TenantID + "/" + ev.AggregateID
 		ev.AggregateSeq = seq[k] + int64(i) + 1 // the producer's own count
-		ev.Topic = "order.events"
+		ev.Topic = e.tr.topicTemplate().Render(&ev)
 		ev.ContentType = ferry.DefaultContentType
 		ev.OccurredAt = time.Now().UTC()
 		events[i] = ev

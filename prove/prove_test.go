@@ -117,7 +117,7 @@ func TestEmbeddedMatrix(t *testing.T) {
 // TestSeedReproduces: the same seed gives the same deterministic figures;
 // another seed gives another workload.
 func TestSeedReproduces(t *testing.T) {
-	names := []string{"sequence-gap-reorder", "consumer-ack-loss", "poison-parking", "control-mark-before-ack"}
+	names := []string{"sequence-gap-reorder", "consumer-ack-loss", "poison-parking"}
 	run := func(seed int64, names ...string) *Report {
 		rep, err := Run(context.Background(), small(WithSeed(seed), WithScenarios(names...))...)
 		if err != nil {
@@ -203,17 +203,34 @@ func TestPostgresAndSystemNATS(t *testing.T) {
 	assertMatrix(t, rep, nil)
 }
 
-// TestOtherBrokersReportNotAvailable: RabbitMQ and Kafka are not wired into
-// prove yet; a run against them must say so rather than pass silently.
-func TestOtherBrokersReportNotAvailable(t *testing.T) {
-	for _, url := range []string{testenv.RabbitMQURL(t), "kafka://kfake"} {
-		rep, err := Run(context.Background(), small(WithBroker(url), WithScenarios("producer-rollback"))...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r := rep.Results[0]; r.Status != StatusNotAvailable || !strings.Contains(r.Note, "not wired") {
-			t.Errorf("%s: status %s note %q", url, r.Status, r.Note)
-		}
+// TestKafka runs a subset on franz-go's in-process kfake through
+// broker/kafka; broker-outage must say it is not available there.
+func TestKafka(t *testing.T) {
+	rep, err := Run(context.Background(), small(WithBroker("kafka://kfake"), WithScenarios(
+		"relay-crash-after-publish", "duplicate-delivery", "control-mark-before-ack", "broker-outage"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Stack != "sqlite+kafka(kfake)" {
+		t.Errorf("stack %q", rep.Stack)
+	}
+	assertMatrix(t, rep, map[string]bool{"broker-outage": true})
+	if r, _ := rep.Result("broker-outage"); r.Status != StatusNotAvailable || !strings.Contains(r.Note, "proxy") {
+		t.Errorf("broker-outage on kafka: %s %q", r.Status, r.Note)
+	}
+}
+
+// TestRabbitMQ runs a subset against the RabbitMQ server through
+// broker/rabbitmq (including the outage through the fault proxy).
+func TestRabbitMQ(t *testing.T) {
+	rep, err := Run(context.Background(), small(WithBroker(testenv.RabbitMQURL(t)), WithScenarios(
+		"consumer-ack-loss", "duplicate-delivery", "broker-outage", "control-inline-effect", "cleanup-guarded"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertMatrix(t, rep, map[string]bool{"cleanup-guarded": true})
+	if r, _ := rep.Result("duplicate-delivery"); r.Figures.DuplicateDeliveries == 0 {
+		t.Errorf("no duplicate delivered on RabbitMQ: %+v", r.Figures)
 	}
 }
 

@@ -167,6 +167,10 @@ const maxAmplification = 5
 func runScenario(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) Result {
 	start := time.Now()
 	res := Result{Scenario: sc.name, Description: sc.desc, Control: sc.control}
+	if why := st.unsupported(sc); why != "" {
+		res.Status, res.Note = StatusNotAvailable, why
+		return res
+	}
 	if sc.notAvailable != nil {
 		if why := sc.notAvailable(st, cfg); why != "" {
 			res.Status, res.Note, res.Components = StatusNotAvailable, why, nil

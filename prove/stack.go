@@ -189,6 +189,17 @@ func (st *stack) newTransport(ctx context.Context, scenario string, cfg *config)
 	return s, nil
 }
 
+// unsupported says why sc cannot run on the stack's broker ("" if it can).
+func (st *stack) unsupported(sc *scenario) string {
+	switch st.broker {
+	case "kafka":
+		return (&kafkaTransport{}).unsupported(sc)
+	case "rabbitmq":
+		return (&rabbitTransport{}).unsupported(sc)
+	}
+	return ""
+}
+
 func (st *stack) kafkaDesc() string {
 	if st.kfake != nil {
 		return "kfake"
