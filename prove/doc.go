@@ -66,9 +66,11 @@
 // package inbox (the consumer runtime, with its authorizer, schema check,
 // gap parking and healing), package effect (ledger and worker, with a
 // status-query reconciler) and package ops (cleanup and its retention
-// guard), over NATS JetStream. prove's own parts are the fake payment
+// guard), over NATS JetStream (broker/natsjs), Kafka (broker/kafka, real
+// or franz-go's kfake) or RabbitMQ (broker/rabbitmq). prove's own parts
+// are the readers of what each broker stored, the fake payment
 // provider (it does not deduplicate, so a blind retry shows as a second
-// charge), the JetStream client used to publish and consume, the naive
+// charge), the naive
 // producer of the dual-write control, and the broken inbox of the
 // non-atomic control (package inbox has no public switch to break itself).
 // prove also carries a reference relay and a reference inbox + effect

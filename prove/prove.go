@@ -88,10 +88,13 @@ func WithDuration(d time.Duration) Option { return func(c *config) { c.duration 
 // schema, dropped afterwards) instead of SQLite in a temp dir.
 func WithPostgres(url string) Option { return func(c *config) { c.postgresURL = url } }
 
-// WithBroker runs against a broker URL instead of the embedded NATS
-// server: nats://host:port (JetStream). Each scenario uses a fresh stream,
-// deleted afterwards. amqp:// and kafka:// are accepted and reported
-// "not available" until prove is wired to those adapters.
+// WithBroker runs against a broker instead of the embedded NATS server:
+// nats://host:port (JetStream), kafka://kfake (franz-go's in-process
+// Kafka), kafka://host:port[,host:port…] (a Kafka cluster) or
+// amqp://user:pass@host:port/ (RabbitMQ). Each scenario uses a fresh
+// stream, topic or exchange + queue, deleted afterwards. Scenarios a broker
+// cannot run (an outage behind a proxy on Kafka, a replay on RabbitMQ)
+// report "not available".
 func WithBroker(url string) Option { return func(c *config) { c.brokerURL = url } }
 
 // WithScenarios selects scenarios by name (default: all).

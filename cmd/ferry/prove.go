@@ -104,7 +104,7 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 	f.IntVar(&producers, "producers", 4, "concurrent producers")
 	f.DurationVar(&duration, "duration", 60*time.Second, "longest a scenario may take to settle")
 	f.StringVar(&postgres, "postgres", "", "Postgres URL (default: SQLite in a temp dir); each scenario uses a fresh schema")
-	f.StringVar(&brokerURL, "broker", "", "broker URL: nats://host:port (default: embedded NATS)")
+	f.StringVar(&brokerURL, "broker", "", "broker: nats://host:port, kafka://kfake, kafka://host:port[,…], amqp://user:pass@host:port/ (default: embedded NATS)")
 	f.BoolVar(&refRel, "reference-relay", false, "use prove's reference relay instead of package relay")
 	cmd.AddCommand(&cobra.Command{
 		Use:    "worker",
