@@ -99,6 +99,21 @@ func FuzzParkArbitraryMessage(f *testing.F) {
 			if !acked {
 				t.Fatalf("%s: message neither applied nor parked (stats %+v)", dv.Dialect(), ib.Stats())
 			}
+			// The same message twice in one batch (the bulk path on Postgres).
+			acks := 0
+			d2 := *d
+			d2.Event.ID = uuid.New()
+			d2.Ack = func(context.Context) error { acks++; return nil }
+			batched, err := New[*sql.Tx](dv, "fuzz-batch", h, WithMaxRawBytes[*sql.Tx](256), WithStartPolicy[*sql.Tx](StartAtFirstSeen), WithBatch[*sql.Tx](4, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := batched.process(context.Background(), []*message{newMessage(&d2), newMessage(&d2)}); err != nil {
+				t.Fatalf("%s batch: %v", dv.Dialect(), err)
+			}
+			if acks != 2 {
+				t.Fatalf("%s batch: %d acks, want 2 (stats %+v)", dv.Dialect(), acks, batched.Stats())
+			}
 		}
 	})
 }
