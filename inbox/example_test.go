@@ -64,7 +64,7 @@ func Example() {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error)
 	go func() { done <- ib.Run(runCtx, consumer) }()
-	for ib.Stats().Applied < 3 {
+	for deadline := time.Now().Add(10 * time.Second); ib.Stats().Applied < 3 && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
 	stop()
