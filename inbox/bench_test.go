@@ -46,7 +46,11 @@ func BenchmarkConsumePostgresNATS(b *testing.B) {
 			start := time.Now()
 			go func() { done <- ib.Run(ctx, c) }()
 			for ib.Stats().Applied < int64(b.N) {
-				time.Sleep(2 * time.Millisecond)
+				select {
+				case err := <-done:
+					b.Fatalf("consumer stopped early: %v", err)
+				case <-time.After(2 * time.Millisecond):
+				}
 			}
 			elapsed := time.Since(start)
 			b.StopTimer()
