@@ -198,6 +198,8 @@ func (e *env) components() []string {
 	switch {
 	case sc.naive:
 		c = append(c, "prove:naive-producer")
+	case sc.cdc:
+		c = append(c, "ferry:relay/cdc")
 	case e.cfg.referenceRelay:
 		c = append(c, "prove:reference-relay")
 	default:

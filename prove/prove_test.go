@@ -24,11 +24,12 @@ func small(extra ...Option) []Option {
 
 // controlFigure names the figure each negative control must drive above zero.
 var controlFigure = map[string]func(Figures) int{
-	"control-naive-dual-write":  func(f Figures) int { return min(f.Lost, f.Phantom) },
-	"control-mark-before-ack":   func(f Figures) int { return f.Lost },
-	"control-non-atomic-inbox":  func(f Figures) int { return f.Lost },
-	"control-premature-cleanup": func(f Figures) int { return f.DuplicateApplies },
-	"control-inline-effect":     func(f Figures) int { return f.DuplicateEffects },
+	"control-naive-dual-write":           func(f Figures) int { return min(f.Lost, f.Phantom) },
+	"control-mark-before-ack":            func(f Figures) int { return f.Lost },
+	"control-non-atomic-inbox":           func(f Figures) int { return f.Lost },
+	"control-premature-cleanup":          func(f Figures) int { return f.DuplicateApplies },
+	"control-inline-effect":              func(f Figures) int { return f.DuplicateEffects },
+	"control-cdc-start-from-current-wal": func(f Figures) int { return f.Lost },
 }
 
 func assertMatrix(t *testing.T, rep *Report, allowUnavailable map[string]bool) {
@@ -75,7 +76,7 @@ func TestEmbeddedMatrix(t *testing.T) {
 	if len(rep.Results) != len(allScenarios()) {
 		t.Fatalf("%d results for %d scenarios", len(rep.Results), len(allScenarios()))
 	}
-	assertMatrix(t, rep, map[string]bool{"cdc-restart": true})
+	assertMatrix(t, rep, map[string]bool{"cdc-restart": true, "control-cdc-start-from-current-wal": true})
 	if rep.Failed() {
 		t.Errorf("report failed")
 	}
@@ -193,7 +194,8 @@ func TestPostgresAndSystemNATS(t *testing.T) {
 	nats := testenv.NATSURL(t)
 	rep, err := Run(context.Background(), small(WithPostgres(pg), WithBroker(nats), WithScenarios(
 		"relay-crash-after-publish", "consumer-ack-loss", "multi-producer-race",
-		"external-success-local-failure", "relay-sigkill", "control-non-atomic-inbox"))...)
+		"external-success-local-failure", "relay-sigkill", "control-non-atomic-inbox",
+		"cdc-restart", "control-cdc-start-from-current-wal"))...)
 	if err != nil {
 		t.Fatal(err)
 	}

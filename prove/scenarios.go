@@ -41,6 +41,8 @@ type scenario struct {
 	cleanup             string
 	leakage             bool
 	sigkill             bool
+	cdc                 bool          // publish with package relay/cdc instead of the polling relay
+	cdcCurrentWAL       bool          // the CDC control: restart from the current WAL, not the slot
 	throttle            time.Duration // pause per producer transaction, to spread the workload over the faults
 	notAvailable        func(*stack, *config) string
 
@@ -140,9 +142,13 @@ func allScenarios() []*scenario {
 				}
 				return ""
 			}},
-		{name: "cdc-restart", desc: "CDC relay restarted mid-stream resumes from its slot without loss",
-			notAvailable: func(*stack, *config) string {
-				return "relay/cdc is not wired into prove yet"
+		{name: "cdc-restart", desc: "the CDC relay (logical replication) is stopped 3 times mid-stream; each restart resumes from its slot",
+			plan: planOptions{rollbackRate: 0.1}, cdc: true, throttle: 10 * time.Millisecond, notAvailable: needsPostgres,
+			extra: func(e *env, f *Figures, _ *truth) []string {
+				if f.FaultsInjected != cdcRestarts {
+					return []string{fmt.Sprintf("%d CDC restarts, want %d", f.FaultsInjected, cdcRestarts)}
+				}
+				return nil
 			}},
 
 		// Negative controls: broken pipelines that must show violations.
@@ -154,9 +160,18 @@ func allScenarios() []*scenario {
 			plan: planOptions{faultRates: map[int]float64{faultInboxCrash: 0.03}}, relays: oneRelay, nonAtomic: true},
 		{name: "control-premature-cleanup", control: true, desc: "cleanup with retention shorter than the replay window, then a replay",
 			plan: planOptions{}, relays: oneRelay, cleanup: "premature"},
+		{name: "control-cdc-start-from-current-wal", control: true, desc: "the CDC relay restarts from the current WAL position instead of its slot",
+			plan: planOptions{}, cdc: true, cdcCurrentWAL: true, throttle: 10 * time.Millisecond, notAvailable: needsPostgres},
 		{name: "control-inline-effect", control: true, desc: "external call inside the handler without the ledger; crash after provider success",
 			plan: planOptions{faultRates: map[int]float64{faultEffectCrash: 0.2}}, relays: oneRelay, inlineEffect: true},
 	}
+}
+
+func needsPostgres(st *stack, _ *config) string {
+	if st.pgURL == "" {
+		return "needs Postgres with wal_level=logical (--postgres): the CDC relay reads Postgres' write-ahead log"
+	}
+	return ""
 }
 
 // maxAmplification bounds broker calls per committed event in the outage
@@ -259,7 +274,13 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	defer func() { stop(); wg.Wait() }()
+	defer func() {
+		stop()
+		wg.Wait()
+		if sc.cdc {
+			e.dropCDC(context.WithoutCancel(ctx))
+		}
+	}()
 
 	markBeforeAck := sc.markBeforeAck || cfg.broken == "mark-before-ack"
 	// concurrent-relays: with a worker command, one relay is a subprocess
@@ -298,7 +319,9 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		startRelays()
 	}
 	killsDone := make(chan struct{})
-	if sc.sigkill {
+	if sc.cdc {
+		startCDCRelay(runCtx, &wg, e, sc.cdcCurrentWAL, killsDone)
+	} else if sc.sigkill {
 		startSigkillRelay(runCtx, &wg, e, killsDone)
 	} else {
 		close(killsDone)

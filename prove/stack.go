@@ -109,11 +109,13 @@ func (st *stack) close() {
 
 // database is one scenario's database.
 type database struct {
-	db      *sql.DB
-	drv     *databasesql.Driver
-	dialect driver.Dialect
-	url     string // for subprocess workers: sqlite:PATH or the schema's postgres URL
-	drop    func()
+	db       *sql.DB
+	drv      *databasesql.Driver
+	dialect  driver.Dialect
+	url      string // for subprocess workers: sqlite:PATH or the schema's postgres URL
+	schema   string // Postgres only
+	adminURL string // Postgres only: the URL without search_path
+	drop     func()
 }
 
 const proveShards = 8
@@ -155,7 +157,7 @@ func (st *stack) newDatabase(ctx context.Context, name string) (*database, error
 		return nil, fmt.Errorf("prove: open schema: %w", err)
 	}
 	db.SetMaxOpenConns(16)
-	d := &database{db: db, drv: databasesql.New(db, driver.Postgres), dialect: driver.Postgres, url: u.String()}
+	d := &database{db: db, drv: databasesql.New(db, driver.Postgres), dialect: driver.Postgres, url: u.String(), schema: schema, adminURL: st.pgURL}
 	d.drop = func() {
 		_, _ = admin.ExecContext(context.Background(), fmt.Sprintf(`DROP SCHEMA %q CASCADE`, schema))
 		_ = admin.Close()
