@@ -63,6 +63,7 @@
 // Ferry's real code runs in every scenario except where a control needs a
 // broken part: the outbox writer, migrations, CloudEvents encoding,
 // package relay (in-process, and as the SIGKILLed or frozen subprocess),
+// package relay/cdc (the CDC scenarios, on Postgres),
 // package inbox (the consumer runtime, with its authorizer, schema check,
 // gap parking and healing), package effect (ledger and worker, with a
 // status-query reconciler) and package ops (cleanup and its retention
