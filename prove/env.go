@@ -106,6 +106,8 @@ type countingPublisher struct {
 	rec *recorder
 }
 
+var _ broker.Publisher = (*countingPublisher)(nil)
+
 func (c *countingPublisher) Publish(ctx context.Context, events []ferry.Event) []broker.Result {
 	c.rec.mu.Lock()
 	for _, e := range events {

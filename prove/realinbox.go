@@ -22,6 +22,8 @@ type faultConsumer struct {
 	env *env
 }
 
+var _ broker.Consumer = (*faultConsumer)(nil)
+
 func (c *faultConsumer) Consume(ctx context.Context, handle func(context.Context, *broker.Delivery)) error {
 	return c.Consumer.Consume(ctx, func(ctx context.Context, d *broker.Delivery) {
 		id := d.Raw.Headers["Nats-Msg-Id"]

@@ -2,11 +2,9 @@ package prove
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/internal/faultproxy"
 )
 
@@ -593,10 +590,6 @@ func forge(ctx context.Context, e *env) error {
 	}
 	return nil
 }
-
-var _ = net.JoinHostPort
-var _ = ferry.AggregateKey
-var _ = sql.ErrNoRows
 
 // storedErrors reads the error texts components persisted: the outbox's
 // last_error and the inbox's parked last_error.
