@@ -226,8 +226,11 @@ func scanRows(ctx context.Context, ex driver.Executor, q string, each func(func(
 // check computes the figures and the list of violations.
 func check(e *env, t *truth) (Figures, []string) {
 	var f Figures
-	var v []string
+	var v, perEvent []string
 	viol := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
+	// eventViol records a violation about one event; they are listed after
+	// the totals, at most maxEventViolations of them.
+	eventViol := func(format string, args ...any) { perEvent = append(perEvent, fmt.Sprintf(format, args...)) }
 	f.Classes = map[string]int{}
 	f.Planned = len(e.plan.events)
 	f.Committed = len(t.business)
@@ -346,12 +349,12 @@ func check(e *env, t *truth) (Figures, []string) {
 		switch {
 		case ev.special != specialNone && n > 0:
 			f.Classes["unexpected"]++
-			viol("event %s (%s) was applied but must be parked as %s", id, ev.kind, expectedPark[ev.special])
+			eventViol("event %s (%s) was applied but must be parked as %s", id, ev.kind, expectedPark[ev.special])
 		case ev.special != specialNone && held && p.reason == expectedPark[ev.special]:
 			f.Classes["ok"]++
 		case ev.special != specialNone && held:
 			f.Classes["unknown"]++
-			viol("event %s parked as %s, expected %s", id, p.reason, expectedPark[ev.special])
+			eventViol("event %s parked as %s, expected %s", id, p.reason, expectedPark[ev.special])
 		case n > 1:
 			f.Classes["duplicated"]++
 		case n == 1:
@@ -363,7 +366,7 @@ func check(e *env, t *truth) (Figures, []string) {
 			}
 		case held:
 			f.Classes["unknown"]++
-			viol("event %s held as %s, never applied", id, p.reason)
+			eventViol("event %s held as %s, never applied", id, p.reason)
 		default:
 			f.Classes["lost"]++
 			f.Lost++
@@ -446,8 +449,21 @@ func check(e *env, t *truth) (Figures, []string) {
 	if f.SequenceErrors > 0 {
 		viol("%d aggregates with non-contiguous sequences", f.SequenceErrors)
 	}
-	return f, v
+	var unknown int
+	for _, c := range []string{"unknown", "unexpected"} {
+		unknown += f.Classes[c]
+	}
+	if unknown > 0 {
+		viol("%d events held or applied against the plan (classes unknown/unexpected)", unknown)
+	}
+	if len(perEvent) > maxEventViolations {
+		perEvent = append(perEvent[:maxEventViolations], fmt.Sprintf("… %d more", len(perEvent)-maxEventViolations))
+	}
+	return f, append(v, perEvent...)
 }
+
+// maxEventViolations bounds the per-event lines in a result.
+const maxEventViolations = 20
 
 // snapshotOutbox remembers the outbox before a cleanup deletes sent rows,
 // so sequences and lag are still checked against what was committed.
