@@ -163,11 +163,11 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // need two registries (or prometheus.WrapRegistererWith).
 func WithRegisterer(r prometheus.Registerer) Option { return func(c *config) { c.registerer = r } }
 
-// WithWorkers sets how many claim-publish-mark loops run concurrently
-// (default 4), each over the owned shards with shard mod n = its index, so
-// one loop's database round trips overlap another's broker round trips.
-// Per-aggregate order is unaffected: an aggregate lives in one shard, and
-// a shard in one worker.
+// WithWorkers sets how many claim-publish-mark loops may run concurrently
+// while draining a backlog (default 4), so one batch's database round
+// trips overlap another's broker round trips. A quiet relay uses one. A
+// shard is in at most one batch at a time, so per-aggregate order is
+// unaffected (an aggregate lives in one shard).
 func WithWorkers(n int) Option { return func(c *config) { c.workers = n } }
 
 // WithSynchronousMarks makes the relay's row updates wait for the WAL

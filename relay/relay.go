@@ -124,6 +124,7 @@ type Relay struct {
 	// once nothing of theirs is in flight (so a rebalance strands no batch).
 	inflight   map[int]int
 	releasing  map[int]bool
+	rotate     uint64      // takeIdle's rotating offset (under mu)
 	crashed    atomic.Bool // a fault hook fired: no worker marks anything more
 	probeOwner atomic.Bool // held by the worker probing the open breaker
 
@@ -180,12 +181,23 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 // Notify wakes the relay to look for work now. Call it after committing
 // outbox rows when there is no LISTEN/NOTIFY (SQLite, embedded). It never
 // blocks; calls while a wake-up is pending are folded into it.
-func (r *Relay) Notify() {
-	for _, w := range r.wake {
-		select {
-		case w <- struct{}{}:
-		default:
-		}
+//
+// It wakes one worker, which claims from every idle shard in one query;
+// the others join only when that claim shows a backlog. Waking all of them
+// at every commit would cost one claim query per worker per commit.
+func (r *Relay) Notify() { r.wakeWorker(0) }
+
+func (r *Relay) wakeWorker(w int) {
+	select {
+	case r.wake[w] <- struct{}{}:
+	default:
+	}
+}
+
+// wakeHelpers wakes the workers other than the first, to drain a backlog.
+func (r *Relay) wakeHelpers() {
+	for w := 1; w < len(r.wake); w++ {
+		r.wakeWorker(w)
 	}
 }
 
@@ -347,15 +359,6 @@ func (r *Relay) start(ctx context.Context) error {
 
 // ownedSnapshot returns the owned shards (sorted) and their fences.
 func (r *Relay) ownedSnapshot() ([]int, map[int]int64) {
-	return r.takeShards(-1)
-}
-
-// takeShards returns the owned shards of worker w (shard mod workers = w;
-// w < 0: all) with their fences. For a worker it also counts them in
-// flight, atomically with the snapshot, so the lease loop never releases
-// a shard between a worker's snapshot and its claim; the worker calls
-// doneShards when its cycle is over.
-func (r *Relay) takeShards(w int) ([]int, map[int]int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if time.Now().After(r.validUntil) {
@@ -364,17 +367,45 @@ func (r *Relay) takeShards(w int) ([]int, map[int]int64) {
 	shards := make([]int, 0, len(r.owned))
 	fences := make(map[int]int64, len(r.owned))
 	for s, f := range r.owned {
-		if w >= 0 && s%r.cfg.workers != w {
-			continue
-		}
 		shards = append(shards, s)
 		fences[s] = f
-		if w >= 0 {
-			r.inflight[s]++
-		}
 	}
 	sort.Ints(shards)
 	return shards, fences
+}
+
+// takeIdle picks owned shards that no other cycle has in flight — all of
+// them when limit <= 0, else at most limit starting at a rotating offset —
+// and counts them in flight, atomically with the choice: a shard is in at
+// most one batch at a time (its rows stay pending until marked, so a
+// second claim would publish them twice and could reorder them), and the
+// lease loop never releases a shard between a snapshot and its claim. The
+// caller calls doneShards when its cycle is over.
+func (r *Relay) takeIdle(limit int) ([]int, map[int]int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if time.Now().After(r.validUntil) {
+		return nil, nil // renewals failed for a whole TTL: assume the leases are gone
+	}
+	all := make([]int, 0, len(r.owned))
+	for s := range r.owned {
+		if r.inflight[s] == 0 {
+			all = append(all, s)
+		}
+	}
+	sort.Ints(all)
+	if limit > 0 && len(all) > limit {
+		start := int(r.rotate % uint64(len(all)))
+		r.rotate += uint64(limit)
+		all = append(all[start:], all[:start]...)[:limit]
+		sort.Ints(all)
+	}
+	fences := make(map[int]int64, len(all))
+	for _, s := range all {
+		fences[s] = r.owned[s]
+		r.inflight[s]++
+	}
+	return all, fences
 }
 
 func (r *Relay) doneShards(shards []int) {

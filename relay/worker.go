@@ -30,13 +30,21 @@ type aggKey struct{ tenant, typ, id string }
 
 func keyOf(e *ferry.Event) aggKey { return aggKey{e.TenantID, e.AggregateType, e.AggregateID} }
 
-// work is worker w's claim → publish → mark loop over the owned shards
-// with shard mod workers = w. Workers overlap one another's database and
-// broker round trips. It returns nil when ctx is done, or an error
-// wrapping ErrFaultInjected when a fault hook fired.
+// work is worker w's claim → publish → mark loop. Worker 0 is the one
+// woken by Notify, LISTEN and the poll timer; it claims from every idle
+// shard at once, so a quiet relay spends one query per wake-up. When a
+// claim fills a shard's share (a backlog), it wakes the other workers and
+// every worker claims from a rotating subset of idle shards (about
+// owned/workers each), so one batch's database round trips overlap
+// another's broker round trips. A shard is never in two batches at once
+// (takeIdle). It returns nil when ctx is done, or an error wrapping
+// ErrFaultInjected when a fault hook fired.
 func (r *Relay) work(ctx context.Context, w int) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
+	if w > 0 {
+		poll.Stop() // helpers run only when woken
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -44,8 +52,14 @@ func (r *Relay) work(ctx context.Context, w int) error {
 		case <-r.wake[w]:
 		case <-poll.C:
 		}
+		subset := w > 0
 		for {
-			more, err := r.cycle(ctx, w)
+			limit := 0
+			if subset {
+				shards, _ := r.ownedSnapshot()
+				limit = max(1, (len(shards)+r.cfg.workers-1)/r.cfg.workers)
+			}
+			more, err := r.cycle(ctx, limit)
 			if err != nil {
 				if errors.Is(err, ErrFaultInjected) {
 					return err
@@ -58,6 +72,10 @@ func (r *Relay) work(ctx context.Context, w int) error {
 			}
 			if !more || ctx.Err() != nil {
 				break
+			}
+			if !subset && r.cfg.workers > 1 {
+				subset = true
+				r.wakeHelpers()
 			}
 		}
 		if r.probeOwner.CompareAndSwap(false, true) {
@@ -72,13 +90,15 @@ func (r *Relay) work(ctx context.Context, w int) error {
 				return nil
 			}
 		}
-		if !poll.Stop() {
-			select {
-			case <-poll.C:
-			default:
+		if w == 0 {
+			if !poll.Stop() {
+				select {
+				case <-poll.C:
+				default:
+				}
 			}
+			poll.Reset(r.cfg.poll)
 		}
-		poll.Reset(r.cfg.poll)
 	}
 }
 
@@ -118,8 +138,8 @@ func (r *Relay) ping(ctx context.Context) error {
 
 // cycle runs one claim-publish-mark round. more reports that a shard
 // filled its share of the batch, i.e. there is probably more to do now.
-func (r *Relay) cycle(ctx context.Context, w int) (more bool, err error) {
-	shards, fences := r.takeShards(w)
+func (r *Relay) cycle(ctx context.Context, limit int) (more bool, err error) {
+	shards, fences := r.takeIdle(limit)
 	defer r.doneShards(shards)
 	if len(shards) == 0 || r.breakerOpen() {
 		return false, nil
