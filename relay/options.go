@@ -30,7 +30,7 @@ const (
 
 // Defaults.
 const (
-	DefaultBatchSize    = 500
+	DefaultBatchSize    = 2000
 	DefaultPollInterval = 500 * time.Millisecond
 	DefaultWorkers      = 4
 	DefaultLeaseTTL     = 10 * time.Second
@@ -104,8 +104,9 @@ func WithShardCount(n int) Option { return func(c *config) { c.shards = n } }
 func WithInstanceID(id string) Option { return func(c *config) { c.instance = id } }
 
 // WithBatchSize sets how many rows one cycle claims and publishes (default
-// 500, at most MaxBatchSize). Larger batches amortise round trips; smaller
-// ones shorten the window of duplicates after a crash.
+// 2000, at most MaxBatchSize). Larger batches amortise round trips (drain
+// rate by batch size: docs/RELAY.md) at the cost of memory (up to workers ×
+// batch events in flight) and a larger window of duplicates after a crash.
 func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
 
 // WithPollInterval sets how often the relay looks for work when nothing
