@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -277,9 +278,11 @@ func lookupScenario(name string) (*scenario, bool) {
 	return all[i], true
 }
 
-// progress draws one overwritten status line.
+// progress draws one overwritten status line. Producers and the settle
+// loop update it from several goroutines.
 type progress struct {
 	w     io.Writer
+	mu    sync.Mutex
 	label string
 	last  time.Time
 }
@@ -287,27 +290,37 @@ type progress struct {
 func newProgress(w io.Writer) *progress { return &progress{w: w} }
 
 func (p *progress) scenario(i, n int, name string) {
+	if p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.label = fmt.Sprintf("[%d/%d] %s", i, n, name)
 	p.line("starting")
 }
 
 func (p *progress) update(format string, args ...any) {
-	if p.w == nil || time.Since(p.last) < 100*time.Millisecond {
+	if p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if time.Since(p.last) < 100*time.Millisecond {
 		return
 	}
 	p.line(fmt.Sprintf(format, args...))
 }
 
+// line writes s; the caller holds mu.
 func (p *progress) line(s string) {
-	if p.w == nil {
-		return
-	}
 	p.last = time.Now()
 	fmt.Fprintf(p.w, "\r\033[K%s: %s", p.label, s)
 }
 
 func (p *progress) done() {
 	if p.w != nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
 		fmt.Fprint(p.w, "\r\033[K")
 	}
 }
