@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -201,10 +202,9 @@ func TestThreeRelays(t *testing.T) {
 	for i := range relays {
 		opts := fastOpts(shards, WithInstanceID(fmt.Sprintf("relay-%d", i)), WithBatchSize(200))
 		if i == 0 {
-			calls := 0
+			var calls atomic.Int32
 			opts = append(opts, WithFaults(Faults{BeforePublish: func(context.Context, []ferry.Event) error {
-				calls++
-				if calls == 5 {
+				if calls.Add(1) == 5 {
 					crashOnce.Do(func() { close(crashed) })
 					return errors.New("kill -9")
 				}
