@@ -62,6 +62,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Duration of each phase of a relay cycle (claim, publish, mark), for finding what limits throughput.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"phase"}),
 	}
+	// Both series exist from the start (at 0), so rate() and alerts see
+	// them before the first call.
+	m.brokerCalls.WithLabelValues("publish")
+	m.brokerCalls.WithLabelValues("ping")
 	if reg == nil {
 		return m, nil
 	}

@@ -3,10 +3,14 @@ package relay
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -106,7 +110,7 @@ func TestThreeRelayProcesses(t *testing.T) {
 
 	args := []string{"--database-url", s.url, "--broker-url", n.url, "--stream", n.stream, "--subjects", prefix + ".>",
 		"--shards", fmt.Sprint(shards), "--lease-ttl", ttl.String(), "--poll-interval", "50ms", "--batch-size", "200",
-		"--backoff-base", "20ms", "--backoff-max", "200ms", "--listen", "127.0.0.1:0", "--log-level", "warn"}
+		"--backoff-base", "20ms", "--backoff-max", "200ms", "--listen", "127.0.0.1:0", "--log-level", "info"}
 	procs := make([]*relayProc, 3)
 	for i := range procs {
 		procs[i] = startRelayProc(t, bin, fmt.Sprintf("proc-%d", i), args...)
@@ -114,6 +118,21 @@ func TestThreeRelayProcesses(t *testing.T) {
 	waitFor(t, 30*time.Second, "the processes to own all shards", func() bool {
 		return s.ownedBy(t, "") == 0 && len(s.owners(t)) == 3
 	})
+	// The HTTP endpoints of a live process: ready (owns shards, breaker
+	// closed) and the metric names alert rules rely on.
+	addr := procs[1].httpAddr(t)
+	waitFor(t, 10*time.Second, "/readyz 200", func() bool { return httpStatus(t, "http://"+addr+"/readyz") == 200 })
+	if code := httpStatus(t, "http://"+addr+"/healthz"); code != 200 {
+		t.Fatalf("/healthz = %d", code)
+	}
+	metrics := httpBody(t, "http://"+addr+"/metrics")
+	for _, name := range []string{"ferry_outbox_pending", "ferry_outbox_oldest_pending_age_seconds", "ferry_relay_published_total",
+		"ferry_relay_publish_latency_seconds_bucket", "ferry_relay_retries_total", "ferry_relay_dead_total", "ferry_outbox_dead",
+		"ferry_relay_breaker_open", "ferry_relay_owned_shards", "ferry_relay_broker_calls_total", "process_resident_memory_bytes"} {
+		if !strings.Contains(metrics, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -212,4 +231,49 @@ func (s *store) owners(t testing.TB) []string {
 		out = append(out, o)
 	}
 	return out
+}
+
+// httpAddr finds the address the process logged for its HTTP listener.
+func (p *relayProc) httpAddr(t *testing.T) string {
+	t.Helper()
+	var addr string
+	waitFor(t, 10*time.Second, p.id+" to log its HTTP address", func() bool {
+		for _, line := range strings.Split(p.stderr.String(), "\n") {
+			var rec struct {
+				Msg  string `json:"msg"`
+				Addr string `json:"addr"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Msg, "serving") && rec.Addr != "" {
+				addr = rec.Addr
+				return true
+			}
+		}
+		return false
+	})
+	return addr
+}
+
+func httpStatus(t *testing.T, url string) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+func httpBody(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
