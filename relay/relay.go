@@ -224,10 +224,13 @@ func (r *Relay) Status() Status {
 
 // Run publishes until ctx is cancelled, then finishes the batch in flight,
 // releases its leases and returns nil. It returns an error when it cannot
-// start (shard count mismatch, missing tables), when a fault hook fired
-// (wrapping ErrFaultInjected; leases are then kept, as after a crash), or
-// when the database stays unreachable for longer than the lease TTL after
-// start. Run may be called again after it returned.
+// start (shard count mismatch, missing tables, database unreachable) or
+// when a fault hook fired (wrapping ErrFaultInjected; leases are then kept,
+// as after a crash). Once started, database and broker errors do not end
+// Run: they are logged and retried (the broker behind the circuit
+// breaker); if lease renewals fail for a whole TTL the relay stops
+// claiming until they succeed again. Run may be called again after it
+// returned.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return ErrRunning

@@ -329,3 +329,35 @@ func (s *store) withTopic(t testing.TB, tmpl string) func(context.Context, ...fe
 func outageBound(outage time.Duration) (publish, pings int) {
 	return DefaultWorkers, DefaultWorkers + int(outage/(500*time.Millisecond)) + 5
 }
+
+// TestReadyWithMoreRelaysThanShards: a relay that owns nothing because
+// every shard is taken is still ready when the cluster has more relays
+// than shards; with as many shards as relays, owning nothing is not ready.
+func TestReadyWithMoreRelaysThanShards(t *testing.T) {
+	s := newPGStore(t, 1)
+	n := startEmbeddedNATS(t)
+	a, err := New(s.db, n.publisher(t), fastOpts(1, WithInstanceID("a"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, a)
+	waitFor(t, 10*time.Second, "a owns the shard", func() bool { return len(a.Status().OwnedShards) == 1 })
+	if !a.Status().Ready() {
+		t.Fatalf("owner not ready: %+v", a.Status())
+	}
+	b, err := New(s.db, n.publisher(t), fastOpts(1, WithInstanceID("b"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, b)
+	waitFor(t, 10*time.Second, "b sees two live relays", func() bool { return b.Status().LiveInstances == 2 })
+	if st := b.Status(); len(st.OwnedShards) != 0 || !st.Ready() {
+		t.Fatalf("spare relay: %+v, want owning nothing and ready (2 relays > 1 shard)", st)
+	}
+	if (Status{Running: true, ShardCount: 2, LiveInstances: 2}).Ready() {
+		t.Fatal("a relay owning nothing with relays <= shards reports ready")
+	}
+	if (Status{Running: true, ShardCount: 2, LiveInstances: 1, OwnedShards: []int{0, 1}, Breaker: BreakerOpen}).Ready() {
+		t.Fatal("a relay with the breaker open reports ready")
+	}
+}
