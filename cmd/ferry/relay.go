@@ -109,7 +109,7 @@ the leases and exits 0.`,
 	fl.StringVar(&f.notifyChannel, "notify-channel", "ferry_outbox", `Postgres LISTEN channel (writers use outbox.WithNotify); "" disables`)
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.stream, "stream", "FERRY", "NATS: JetStream stream name")
-	fl.StringVar(&f.subjects, "subjects", "*.events", "NATS: comma-separated subjects the stream captures (topics map to subjects)")
+	fl.StringVar(&f.subjects, "subjects", "", `NATS: comma-separated subjects the stream captures, covering every event topic, e.g. "order.events,payment.events" (required)`)
 	fl.StringVar(&f.embeddedDir, "embedded-dir", "ferry-nats", "embedded: JetStream store directory")
 	fl.StringVar(&f.topics, "topics", "", "Kafka: comma-separated topics to check (or create with --provision)")
 	fl.IntVar(&f.partitions, "partitions", 16, "Kafka --provision: partitions per topic")
@@ -265,6 +265,12 @@ func openDestination(ctx context.Context, f *relayFlags, log *slog.Logger) (brok
 }
 
 func natsPublisher(ctx context.Context, url string, f *relayFlags, provision bool) (*natsjs.Publisher, error) {
+	if len(relayList(f.subjects)) == 0 {
+		// No default: the writers' default topics ({aggregate_type}.events)
+		// can only be captured by a leading wildcard, which JetStream
+		// refuses because it overlaps its own $JS API subjects.
+		return nil, errors.New(`--subjects is required for NATS: the subjects of your events' topics, e.g. "order.events,payment.events"`)
+	}
 	pub, err := natsjs.DialPublisher(url)
 	if err != nil {
 		return nil, err
