@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+
 	"github.com/ferryhq/ferry"
 )
 
@@ -276,4 +278,32 @@ func httpBody(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestRelayProcessKafka: `ferry relay --broker-url kafka://…` against kfake:
+// it refuses to start when a topic is missing (naming --provision), and
+// publishes every event in per-aggregate order when it exists.
+func TestRelayProcessKafka(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the ferry binary")
+	}
+	s := newPGStore(t, 4)
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, kafkaTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	bin := buildFerry(t)
+	base := []string{"relay", "--database-url", s.url, "--broker-url", "kafka://" + strings.Join(c.ListenAddrs(), ","),
+		"--shards", "4", "--listen", "", "--poll-interval", "50ms"}
+
+	out, err := exec.Command(bin, append(base, "--topics", "relaytest.missing")...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "relaytest.missing") || !strings.Contains(string(out), "--provision") {
+		t.Fatalf("missing topic: err=%v, output:\n%s\nwant a refusal naming the topic and --provision", err, tail(string(out), 2000))
+	}
+
+	want := s.produce(t, 200, 10)
+	startRelayProc(t, bin, "kafka-proc", append(base[1:], "--topics", kafkaTopic)...)
+	waitFor(t, 30*time.Second, "all sent", func() bool { return s.count(t, "sent") == len(want) })
+	checkKafka(t, kafkaRecords(t, c.ListenAddrs(), len(want)), want)
 }
