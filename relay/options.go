@@ -88,6 +88,7 @@ type config struct {
 	noFence         bool         // negative control: drop the fence from marks
 	beforeLeaseTick func()       // may block to simulate a paused process
 	afterMark       func(string) // called after each mark statement, with its kind
+	noAggregateStop bool         // negative control: mark later rows of a failed aggregate anyway
 }
 
 // WithTables sets the schema and table prefix (default: search_path, "ferry_").

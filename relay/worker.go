@@ -299,7 +299,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 	for i := range batch {
 		c := &batch[i]
 		k := keyOf(&c.ev)
-		if blocked[k] {
+		if blocked[k] && !r.cfg.noAggregateStop {
 			continue
 		}
 		res := results[i]
