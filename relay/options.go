@@ -89,6 +89,7 @@ type config struct {
 	beforeLeaseTick func()       // may block to simulate a paused process
 	afterMark       func(string) // called after each mark statement, with its kind
 	noAggregateStop bool         // negative control: mark later rows of a failed aggregate anyway
+	noBreaker       bool         // negative control: charge attempts even when the broker is down
 }
 
 // WithTables sets the schema and table prefix (default: search_path, "ferry_").

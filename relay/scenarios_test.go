@@ -157,6 +157,28 @@ func TestBrokerOutage(t *testing.T) {
 	}
 }
 
+// TestBrokerOutageNegativeControl: the same outage without the breaker's
+// "is the broker down?" check charges attempts to every row it retries,
+// and with a small max-attempts the outage sends rows to dead. The breaker
+// is what prevents that.
+func TestBrokerOutageNegativeControl(t *testing.T) {
+	s := newPGStore(t, 2)
+	n := startEmbeddedNATS(t)
+	pub := &countingPublisher{Publisher: n.publisher(t)}
+	r, err := New(s.db, pub, fastOpts(2, WithMaxAttempts(2), WithBackoff(10*time.Millisecond, 50*time.Millisecond))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cfg.noBreaker = true
+	runRelay(t, r)
+	n.emb.Shutdown()
+	s.produce(t, 20, 4)
+	waitFor(t, 15*time.Second, "rows to go dead from the outage", func() bool { return s.count(t, "dead") > 0 })
+	if p, _ := pub.calls(); p < 2 {
+		t.Fatalf("only %d publish calls: retries not exercised", p)
+	}
+}
+
 // TestThreeRelays: three relays (goroutines) share 16 shards over 10,000
 // events of 200 aggregates on the system NATS server. One of them crashes
 // mid-run (fault hook: leases kept, as after kill -9); the others take its

@@ -344,7 +344,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 	if len(failed) == 0 {
 		return nil
 	}
-	if transient > 0 {
+	if transient > 0 && !r.cfg.noBreaker {
 		// Is this the broker being down rather than these rows failing?
 		// Then open the breaker and charge no attempts: an outage must not
 		// move rows towards dead, nor hammer the broker with retries.
