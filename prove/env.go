@@ -207,7 +207,9 @@ func (e *env) components() []string {
 	default:
 		c = append(c, "ferry:relay")
 	}
-	if e.realInbox {
+	if e.realInbox && sc.sigkillInbox {
+		c = append(c, "ferry:inbox(subprocess)")
+	} else if e.realInbox {
 		c = append(c, "ferry:inbox")
 	} else {
 		c = append(c, "prove:reference-inbox")

@@ -76,7 +76,9 @@ func (s *natsStream) endpoint() string {
 	return u.Host
 }
 
-func (s *natsStream) job() transportJob { return transportJob{Kind: "nats", URL: s.url, Name: s.name} }
+func (s *natsStream) job() transportJob {
+	return transportJob{Kind: "nats", URL: s.url, Name: s.name, AckWait: s.ackWait}
+}
 
 func (s *natsStream) unsupported(*scenario) string { return "" }
 

@@ -81,7 +81,7 @@ func TestEmbeddedMatrix(t *testing.T) {
 		t.Errorf("report failed")
 	}
 	// Faults must actually have fired where planned, or the pass is hollow.
-	for _, name := range []string{"relay-crash-after-publish", "consumer-ack-loss", "sequence-gap-reorder", "external-success-local-failure", "relay-sigkill", "concurrent-relays"} {
+	for _, name := range []string{"relay-crash-after-publish", "consumer-ack-loss", "sequence-gap-reorder", "external-success-local-failure", "relay-sigkill", "inbox-sigkill", "concurrent-relays"} {
 		r, _ := rep.Result(name)
 		if r.Figures.FaultsInjected == 0 {
 			t.Errorf("%s: no fault fired", name)

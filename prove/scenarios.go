@@ -37,7 +37,8 @@ type scenario struct {
 	undecodable         bool // a message that is not a CloudEvent
 	cleanup             string
 	leakage             bool
-	sigkill             bool
+	sigkill             bool          // the relay runs as a subprocess, SIGKILLed and restarted
+	sigkillInbox        bool          // the consumer runs as a subprocess, SIGKILLed and restarted
 	cdc                 bool          // publish with package relay/cdc instead of the polling relay
 	cdcCurrentWAL       bool          // the CDC control: restart from the current WAL, not the slot
 	throttle            time.Duration // pause per producer transaction, to spread the workload over the faults
@@ -127,6 +128,20 @@ func allScenarios() []*scenario {
 			plan: planOptions{specials: map[int]int{specialPoison: 2, specialSchema: 2}}, relays: oneRelay, leakage: true, collision: true, undecodable: true},
 		{name: "relay-sigkill", desc: "the relay runs as a subprocess, SIGKILLed at random moments and restarted",
 			plan: planOptions{rollbackRate: 0.05}, relays: 0, sigkill: true, throttle: 15 * time.Millisecond,
+			extra: func(e *env, f *Figures, _ *truth) []string {
+				if f.FaultsInjected != sigkillKills {
+					return []string{fmt.Sprintf("%d kills, want %d", f.FaultsInjected, sigkillKills)}
+				}
+				return nil
+			},
+			notAvailable: func(_ *stack, c *config) string {
+				if len(c.worker) == 0 {
+					return "no worker command (run through `ferry prove`, or pass WithWorkerCommand)"
+				}
+				return ""
+			}},
+		{name: "inbox-sigkill", desc: "the consumer (package inbox) runs as a subprocess, SIGKILLed at random moments, mid-transaction included, and restarted",
+			plan: planOptions{rollbackRate: 0.05}, relays: 1, sigkillInbox: true, throttle: 15 * time.Millisecond,
 			extra: func(e *env, f *Figures, _ *truth) []string {
 				if f.FaultsInjected != sigkillKills {
 					return []string{fmt.Sprintf("%d kills, want %d", f.FaultsInjected, sigkillKills)}
@@ -319,7 +334,9 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	if sc.cdc {
 		startCDCRelay(runCtx, &wg, e, sc.cdcCurrentWAL, killsDone)
 	} else if sc.sigkill {
-		startSigkillRelay(runCtx, &wg, e, killsDone)
+		startSigkill(runCtx, &wg, e, "relay", killsDone)
+	} else if sc.sigkillInbox {
+		startSigkill(runCtx, &wg, e, "inbox", killsDone)
 	} else {
 		close(killsDone)
 	}
@@ -333,7 +350,7 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		}
 		supervise(runCtx, &wg, e.log, "inbox", inbox.run)
 	}
-	if !sc.revokeBeforeConsume {
+	if !sc.revokeBeforeConsume && !sc.sigkillInbox {
 		startConsumer()
 	}
 	if e.realInbox {

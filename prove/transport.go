@@ -2,6 +2,7 @@ package prove
 
 import (
 	"context"
+	"time"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
@@ -48,6 +49,8 @@ type transportJob struct {
 	URL   string `json:"url"`
 	Name  string `json:"name"`
 	Topic string `json:"topic,omitempty"`
+	// AckWait is the NATS consumer's redelivery delay.
+	AckWait time.Duration `json:"ack_wait,omitempty"`
 }
 
 func transportFromJob(j transportJob) transport {
@@ -57,7 +60,7 @@ func transportFromJob(j transportJob) transport {
 	case "rabbitmq":
 		return &rabbitTransport{url: j.URL, name: j.Name, topic: j.Topic}
 	default:
-		return &natsStream{url: j.URL, name: j.Name}
+		return &natsStream{url: j.URL, name: j.Name, ackWait: j.AckWait}
 	}
 }
 

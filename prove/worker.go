@@ -63,8 +63,8 @@ func RunWorker(ctx context.Context) error {
 	if err := json.Unmarshal([]byte(raw), &job); err != nil {
 		return fmt.Errorf("prove: worker job: %w", err)
 	}
-	if job.Role != "relay" {
-		return fmt.Errorf("prove: worker role %q: only \"relay\" is supported", job.Role)
+	if job.Role != "relay" && job.Role != "inbox" {
+		return fmt.Errorf("prove: worker role %q: \"relay\" or \"inbox\"", job.Role)
 	}
 	var db *sql.DB
 	var dialect driver.Dialect
@@ -85,6 +85,11 @@ func RunWorker(ctx context.Context) error {
 		plan: &plan{events: map[string]*plannedEvent{}}, log: slog.New(slog.DiscardHandler),
 		rec: newRecorder(), reg: prometheus.NewRegistry()}
 	e.metrics = newMetrics(e.reg)
+	if job.Role == "inbox" {
+		// package inbox as the consumer; the effect intents it records are
+		// executed by the parent's effect worker.
+		return e.runRealInbox(ctx, "prove", false, false)
+	}
 	if job.Reference {
 		pub, err := e.newPublisher()
 		if err != nil {
@@ -102,17 +107,17 @@ func RunWorker(ctx context.Context) error {
 	return err
 }
 
-// sigkillKills is how many times the relay subprocess is killed.
+// sigkillKills is how many times a worker subprocess is killed.
 const sigkillKills = 6
 
-// startSigkillRelay runs the relay as a subprocess and SIGKILLs it
-// sigkillKills times at seeded random moments, restarting it each time;
+// startSigkill runs role ("relay" or "inbox") as a subprocess and SIGKILLs
+// it sigkillKills times at seeded random moments, restarting it each time;
 // the last one runs until the scenario ends. killsDone is closed after the
 // last kill.
-func startSigkillRelay(ctx context.Context, wg *sync.WaitGroup, e *env, killsDone chan<- struct{}) {
+func startSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, role string, killsDone chan<- struct{}) {
 	s1, s2 := seedFor(e.cfg.seed, e.sc.name+"/sigkill")
 	rng := rand.New(rand.NewPCG(s1, s2))
-	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, Transport: e.tr.job(), Reference: e.cfg.referenceRelay})
+	job, _ := json.Marshal(workerJob{Role: role, DatabaseURL: e.db.url, Transport: e.tr.job(), Reference: e.cfg.referenceRelay})
 	argv := e.cfg.worker
 	wg.Add(1)
 	go func() {
@@ -124,7 +129,7 @@ func startSigkillRelay(ctx context.Context, wg *sync.WaitGroup, e *env, killsDon
 			}
 		}()
 		for i := 0; ctx.Err() == nil; i++ {
-			j := strings.Replace(string(job), `"id":"",`, fmt.Sprintf(`"id":"relay-proc-%d",`, i), 1)
+			j := strings.Replace(string(job), `"id":"",`, fmt.Sprintf(`"id":"%s-proc-%d",`, role, i), 1)
 			cmd := exec.Command(argv[0], argv[1:]...)
 			cmd.Env = append(os.Environ(), WorkerEnv+"="+j)
 			if err := cmd.Start(); err != nil {
