@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/outbox"
 )
 
@@ -43,8 +44,9 @@ type env struct {
 
 	outboxSnap map[string]outboxTruth // outbox before a cleanup
 
-	stopping     bool        // a subprocess relay freezes itself (concurrent-relays)
-	stoppedRelay atomic.Bool // the frozen subprocess relay reported back
+	relayDB      *databasesql.Driver // the relays' database when it differs (database-outage)
+	stopping     bool                // a subprocess relay freezes itself (concurrent-relays)
+	stoppedRelay atomic.Bool         // the frozen subprocess relay reported back
 
 	// pubVia is the host:port relays connect through (the fault proxy of
 	// the outage scenario), or "" for direct.
@@ -220,7 +222,7 @@ func (e *env) components() []string {
 		c = append(c, "prove:reference-effect-ledger")
 	}
 	c = append(c, "prove:fake-provider")
-	if sc.outage {
+	if sc.outage || sc.dbOutage {
 		c = append(c, "internal/faultproxy")
 	}
 	if sc.cleanup != "" && e.realInbox {

@@ -76,7 +76,7 @@ func TestEmbeddedMatrix(t *testing.T) {
 	if len(rep.Results) != len(allScenarios()) {
 		t.Fatalf("%d results for %d scenarios", len(rep.Results), len(allScenarios()))
 	}
-	assertMatrix(t, rep, map[string]bool{"cdc-restart": true, "control-cdc-start-from-current-wal": true})
+	assertMatrix(t, rep, map[string]bool{"cdc-restart": true, "control-cdc-start-from-current-wal": true, "database-outage": true})
 	if rep.Failed() {
 		t.Errorf("report failed")
 	}
@@ -195,7 +195,7 @@ func TestPostgresAndSystemNATS(t *testing.T) {
 	rep, err := Run(context.Background(), small(WithPostgres(pg), WithBroker(nats), WithScenarios(
 		"relay-crash-after-publish", "consumer-ack-loss", "multi-producer-race",
 		"external-success-local-failure", "relay-sigkill", "control-non-atomic-inbox",
-		"cdc-restart", "control-cdc-start-from-current-wal"))...)
+		"cdc-restart", "control-cdc-start-from-current-wal", "database-outage"))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,7 +68,11 @@ func (e *env) runRealRelay(ctx context.Context, name string, rf relayFaults) err
 			return nil
 		},
 	}
-	r, err := relay.New(e.db.drv, pub,
+	var db relay.DB = e.db.drv
+	if e.relayDB != nil {
+		db = e.relayDB
+	}
+	r, err := relay.New(db, pub,
 		relay.WithShardCount(proveShards), relay.WithInstanceID(id),
 		relay.WithPollInterval(20*time.Millisecond), relay.WithLeaseTTL(relayTTL),
 		relay.WithBackoff(20*time.Millisecond, time.Second), relay.WithProbe(50*time.Millisecond, time.Second),

@@ -32,6 +32,7 @@ type scenario struct {
 
 	revokeBeforeConsume bool // stale authorization: consume only after publish + revocation
 	outage              bool
+	dbOutage            bool // the relay's database connections go through the fault proxy
 	duplicates          int  // forged redeliveries (same event id, new broker msg id)
 	collision           bool // forged message reusing an event id with other content
 	undecodable         bool // a message that is not a CloudEvent
@@ -124,6 +125,8 @@ func allScenarios() []*scenario {
 				}
 				return nil
 			}},
+		{name: "database-outage", desc: "the relay's database connections are black-holed, then reset, mid-run (fault proxy in front of Postgres)",
+			plan: planOptions{}, relays: oneRelay, dbOutage: true, throttle: 5 * time.Millisecond, notAvailable: needsPostgresTCP},
 		{name: "payload-leakage", desc: "canary strings in every payload never reach logs, errors or metric labels",
 			plan: planOptions{specials: map[int]int{specialPoison: 2, specialSchema: 2}}, relays: oneRelay, leakage: true, collision: true, undecodable: true},
 		{name: "relay-sigkill", desc: "the relay runs as a subprocess, SIGKILLed at random moments and restarted",
@@ -177,6 +180,13 @@ func allScenarios() []*scenario {
 		{name: "control-inline-effect", control: true, desc: "external call inside the handler without the ledger; crash after provider success",
 			plan: planOptions{faultRates: map[int]float64{faultEffectCrash: 0.2}}, relays: oneRelay, inlineEffect: true},
 	}
+}
+
+func needsPostgresTCP(st *stack, _ *config) string {
+	if st.pgURL == "" {
+		return "needs Postgres (--postgres): SQLite is a file, there is no connection to cut"
+	}
+	return ""
 }
 
 func needsPostgres(st *stack, _ *config) string {
@@ -283,6 +293,13 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		defer proxy.Close()
 		e.pubVia = proxy.Addr()
 	}
+	if sc.dbOutage {
+		var closeDB func()
+		if proxy, closeDB, err = e.proxiedRelayDB(); err != nil {
+			return Figures{}, nil, "", nil, err
+		}
+		defer closeDB()
+	}
 
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -365,6 +382,7 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		go func() {
 			defer close(outageDone)
 			sleepCtx(runCtx, 300*time.Millisecond)
+			e.faults.Add(1)
 			proxy.Set(faultproxy.Blackhole)
 			proxy.ResetAll()
 			sleepCtx(runCtx, 1500*time.Millisecond)

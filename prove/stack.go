@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/ferryhq/ferry"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -17,6 +18,7 @@ import (
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
 )
@@ -218,4 +220,31 @@ func randHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// proxiedRelayDB gives the relays their own connection pool to the
+// scenario's schema through a fault proxy in front of Postgres, and
+// returns the proxy and a function closing both.
+func (e *env) proxiedRelayDB() (*faultproxy.Proxy, func(), error) {
+	u, err := url.Parse(e.db.url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("prove: postgres url: %w", err)
+	}
+	proxy, err := faultproxy.New(u.Host)
+	if err != nil {
+		return nil, nil, err
+	}
+	u.Host = proxy.Addr()
+	q := u.Query()
+	q.Set("connect_timeout", "2")
+	u.RawQuery = q.Encode()
+	db, err := sql.Open("pgx", u.String())
+	if err != nil {
+		_ = proxy.Close()
+		return nil, nil, fmt.Errorf("prove: open proxied postgres: %w", err)
+	}
+	db.SetMaxOpenConns(8)
+	db.SetConnMaxLifetime(2 * time.Second)
+	e.relayDB = databasesql.New(db, driver.Postgres)
+	return proxy, func() { _ = db.Close(); _ = proxy.Close() }, nil
 }
