@@ -55,7 +55,8 @@
 // a subprocess (WithWorkerCommand): SIGKILLed at seeded moments and
 // restarted, or frozen with SIGSTOP mid-batch past its lease expiry and
 // then resumed, when its late marks must be fenced. Network faults use
-// internal/faultproxy, a TCP proxy in front of the broker that black-holes,
+// internal/faultproxy, a TCP proxy in front of the broker (or of Postgres,
+// for the relay's connections) that black-holes,
 // drops, delays and resets connections.
 //
 // # Which components are real
