@@ -133,6 +133,7 @@ type Relay struct {
 
 // New validates the configuration and returns a relay over db publishing
 // through pub. It touches neither the database nor the broker; Run does.
+// The caller keeps owning db and pub: the relay never closes them.
 func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 	if db == nil {
 		return nil, &ferry.ConfigError{Field: "db", Reason: "is nil"}

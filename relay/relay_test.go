@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,10 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/migrate"
+	"github.com/ferryhq/ferry/outbox"
 )
 
 func TestMain(m *testing.M) {
@@ -277,4 +282,45 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := New(s.db, nil); err == nil {
 		t.Error("New(nil publisher) succeeded")
 	}
+}
+
+// TestCustomTables: a schema and prefix other than the defaults reach
+// every statement (claim, marks, leases, instances, the discarded_at
+// probe), so nothing silently reads the default tables.
+func TestCustomTables(t *testing.T) {
+	ps := testenv.NewPostgresSchema(t)
+	tables := ferry.Tables{Schema: ps.Schema + "_app", Prefix: "app_"}
+	drv := pgxv5.New(ps.Pool)
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, drv, tables); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = ps.Pool.Exec(context.Background(), `DROP SCHEMA "`+tables.Schema+`" CASCADE`) })
+	w, err := outbox.New(drv, outbox.WithTables(tables), outbox.WithShardCount(2), outbox.WithTopicTemplate(topicPrefix+".{aggregate_type}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []ferry.Event
+	for i := 0; i < 20; i++ {
+		got, err := w.Insert(ctx, ev(fmt.Sprint("c", i%3), "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, got...)
+	}
+	n := startEmbeddedNATS(t)
+	r, err := New(drv, n.publisher(t), fastOpts(2, WithTables(tables))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, r)
+	waitFor(t, 20*time.Second, "all sent", func() bool { return r.Status().Published == uint64(len(want)) })
+	var sent int
+	if err := ps.Pool.QueryRow(ctx, `SELECT count(*) FROM "`+tables.Schema+`"."app_outbox" WHERE status = 'sent'`).Scan(&sent); err != nil {
+		t.Fatal(err)
+	}
+	if sent != len(want) {
+		t.Fatalf("%d rows sent in the custom table, want %d", sent, len(want))
+	}
+	checkBroker(t, n.read(t), want)
 }
