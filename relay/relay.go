@@ -339,6 +339,24 @@ func (r *Relay) start(ctx context.Context) error {
 	if n > 0 {
 		return &ShardCountError{Configured: r.cfg.shards, Found: found, Rows: n}
 	}
+	rows, err = exec.Query(ctx, r.q.otherShardCount, r.cfg.shards, r.cfg.instance)
+	if err != nil {
+		return fmt.Errorf("relay: check live relays: %w", err)
+	}
+	found = 0
+	if rows.Next() {
+		err = rows.Scan(&found)
+	}
+	if err == nil {
+		err = rows.Err()
+	}
+	rows.Close()
+	if err != nil {
+		return fmt.Errorf("relay: check live relays: %w", err)
+	}
+	if found > 0 {
+		return &ShardCountError{Configured: r.cfg.shards, Found: found}
+	}
 	if _, err := exec.Exec(ctx, r.q.ensureLeases, r.cfg.shards); err != nil {
 		return fmt.Errorf("relay: create lease rows (did `ferry migrate up` run?): %w", err)
 	}

@@ -248,6 +248,23 @@ func TestShardCountMismatch(t *testing.T) {
 	if sce.Configured != 16 || sce.Found != 8 || sce.Rows != 3 || !strings.Contains(err.Error(), "16") || !strings.Contains(err.Error(), "8") {
 		t.Fatalf("error %q / %+v does not name both counts", err, sce)
 	}
+
+	// A live relay with another N stops a new one at start, too.
+	s2 := newPGStore(t, 4)
+	a, err := New(s2.db, n.publisher(t), fastOpts(4)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, a)
+	waitFor(t, 10*time.Second, "relay a running", func() bool { return len(a.Status().OwnedShards) == 4 })
+	b, err := New(s2.db, n.publisher(t), fastOpts(8)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = b.Run(context.Background())
+	if !errors.As(err, &sce) || sce.Configured != 8 || sce.Found != 4 || sce.Rows != 0 || !strings.Contains(err.Error(), "a live relay uses 4") {
+		t.Fatalf("Run beside a live relay with 4 shards = %v, want a ShardCountError naming 8 and 4", err)
+	}
 }
 
 func TestConfigValidation(t *testing.T) {

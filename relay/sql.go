@@ -24,22 +24,23 @@ var channelRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 type queries struct {
 	dialect driver.Dialect
 
-	hasDiscarded  string
-	checkShards   string
-	ensureLeases  string
-	heartbeat     string
-	pruneInstance string
-	liveInstances string
-	renew         string
-	adopt         string
-	acquire       string
-	release       string
-	releaseAll    string
-	deleteSelf    string
-	claim         string
-	markSent      string
-	markFailed    string
-	stats         string
+	hasDiscarded    string
+	checkShards     string
+	ensureLeases    string
+	heartbeat       string
+	pruneInstance   string
+	liveInstances   string
+	otherShardCount string
+	renew           string
+	adopt           string
+	acquire         string
+	release         string
+	releaseAll      string
+	deleteSelf      string
+	claim           string
+	markSent        string
+	markFailed      string
+	stats           string
 }
 
 // sqliteNow is SQLite's clock in the text format the outbox writer uses
@@ -109,6 +110,7 @@ INSERT INTO %s (shard) SELECT n FROM s WHERE true ON CONFLICT (shard) DO NOTHING
 ON CONFLICT (instance_id) DO UPDATE SET shard_count = excluded.shard_count, heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at`,
 		inst, now, plus("$3"))
 	q.pruneInstance = fmt.Sprintf(`DELETE FROM %s WHERE expires_at <= %s`, inst, now)
+	q.otherShardCount = fmt.Sprintf(`SELECT shard_count FROM %s WHERE expires_at > %s AND shard_count <> $1 AND instance_id <> $2 LIMIT 1`, inst, now)
 	q.liveInstances = fmt.Sprintf(`SELECT count(*), COALESCE(SUM(CASE WHEN shard_count <> $1 THEN 1 ELSE 0 END), 0) FROM %s WHERE expires_at > %s`, inst, now)
 	q.renew = fmt.Sprintf(`UPDATE %s SET expires_at = %s WHERE owner = $1 AND expires_at > %s AND shard < $3 RETURNING shard, fence`, leases, plus("$2"), now)
 	q.adopt = fmt.Sprintf(`UPDATE %s SET fence = fence + 1, expires_at = %s WHERE owner = $1 AND shard < $3 RETURNING shard, fence`, leases, plus("$2"))

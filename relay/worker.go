@@ -122,7 +122,7 @@ func (r *Relay) probe(ctx context.Context) bool {
 		cancel()
 		if err == nil {
 			r.setBreaker(BreakerClosed)
-			r.Notify() // every worker resumes now
+			r.Notify() // resume now; helpers join if there is a backlog
 			return true
 		}
 		r.log.Debug("broker probe failed", "err", sanitize(err), "next_probe", min(2*d, r.cfg.probeMax))
