@@ -78,7 +78,7 @@ func TestResumeFromSlotAfterDowntime(t *testing.T) {
 	if v := judge(first, got); v.lost != 0 || v.orderViolations != 0 {
 		t.Fatalf("before downtime: %+v", v)
 	}
-	waitFor(t, 10*time.Second, "all rows marked sent", func() bool { return h.statusCounts(ctx)["sent"] == 20 })
+	waitFor(t, 60*time.Second, "all rows marked sent", func() bool { return h.statusCounts(ctx)["sent"] == 20 })
 	stop()
 
 	// Committed while down.
@@ -95,7 +95,7 @@ func TestResumeFromSlotAfterDowntime(t *testing.T) {
 	if v.duplicates != 0 {
 		t.Errorf("duplicates after clean stop/restart: %d, want 0", v.duplicates)
 	}
-	waitFor(t, 10*time.Second, "all rows marked sent", func() bool { return h.statusCounts(ctx)["sent"] == 50 })
+	waitFor(t, 60*time.Second, "all rows marked sent", func() bool { return h.statusCounts(ctx)["sent"] == 50 })
 }
 
 // The negative control of TestResumeFromSlotAfterDowntime: starting from
@@ -130,7 +130,7 @@ func TestRollbackAndBusinessOnlyPublishNothing(t *testing.T) {
 	k := startKafka(t)
 	pub := newCounting(k.publisher())
 	r, _ := h.start(pub)
-	waitFor(t, 10*time.Second, "relay active", func() bool { return r.Status().Role == cdc.RoleActive })
+	waitFor(t, 60*time.Second, "relay active", func() bool { return r.Status().Role == cdc.RoleActive })
 
 	// Rolled back after writing outbox rows.
 	for i := range 5 {
@@ -222,5 +222,5 @@ func TestLargeTransactionSpansBatches(t *testing.T) {
 	if c := pub.calls.Load(); c < 4 {
 		t.Fatalf("%d publish calls for 350 events with max batch 100, want >= 4", c)
 	}
-	waitFor(t, 10*time.Second, "rows sent", func() bool { return h.statusCounts(ctx)["sent"] == 350 })
+	waitFor(t, 60*time.Second, "rows sent", func() bool { return h.statusCounts(ctx)["sent"] == 350 })
 }

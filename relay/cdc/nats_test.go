@@ -139,12 +139,12 @@ func TestBrokerDown(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			r, stop := h.start(pub, cdc.WithFaults(tc.faults), cdc.WithRegisterer(reg), cdc.WithLagAlert(1<<40, 500*time.Millisecond))
 			before := h.insert(ctx, 10, 3)
-			n.read(10*time.Second, allDelivered(before))
-			waitFor(t, 10*time.Second, "rows marked sent", func() bool { return h.statusCounts(ctx)["sent"] == 10 })
+			n.read(60*time.Second, allDelivered(before))
+			waitFor(t, 60*time.Second, "rows marked sent", func() bool { return h.statusCounts(ctx)["sent"] == 10 })
 
 			n.srv.Shutdown()
 			during := h.insert(ctx, 5, 3)
-			waitFor(t, 10*time.Second, "a failed publish attempt", func() bool { return pub.failed.Load() > 0 })
+			waitFor(t, 60*time.Second, "a failed publish attempt", func() bool { return pub.failed.Load() > 0 })
 			time.Sleep(400 * time.Millisecond) // any status update sent before the attempt has landed
 			c1 := h.confirmed(ctx)
 			during = append(during, h.insert(ctx, 10, 3)...)
@@ -201,8 +201,8 @@ func TestBrokerDown(t *testing.T) {
 			if v.lost != 0 || v.phantom != 0 || v.orderViolations != 0 {
 				t.Fatalf("after recovery: lost=%d phantom=%d order=%d", v.lost, v.phantom, v.orderViolations)
 			}
-			waitFor(t, 10*time.Second, "all rows sent", func() bool { return h.statusCounts(ctx)["sent"] == len(all) })
-			waitFor(t, 10*time.Second, "slot confirmed past the outage", func() bool { return h.confirmed(ctx) > c2 })
+			waitFor(t, 60*time.Second, "all rows sent", func() bool { return h.statusCounts(ctx)["sent"] == len(all) })
+			waitFor(t, 60*time.Second, "slot confirmed past the outage", func() bool { return h.confirmed(ctx) > c2 })
 		})
 	}
 }
@@ -270,8 +270,8 @@ func TestSlotDroppedWhileStopped(t *testing.T) {
 			n := startNATS(t, 0)
 			_, stop := h.start(n.publisher())
 			before := h.insert(ctx, 10, 3)
-			n.read(10*time.Second, allDelivered(before))
-			waitFor(t, 10*time.Second, "rows marked sent", func() bool { return h.statusCounts(ctx)["sent"] == 10 })
+			n.read(60*time.Second, allDelivered(before))
+			waitFor(t, 60*time.Second, "rows marked sent", func() bool { return h.statusCounts(ctx)["sent"] == 10 })
 			stop()
 
 			while := h.insert(ctx, 15, 3)
@@ -313,11 +313,11 @@ func TestSlotDroppedWhileStopped(t *testing.T) {
 			if !info.Exists || !info.Active || !info.Recorded || info.LostCount != 1 || info.LostAt == nil || info.WALStatus == "" {
 				t.Fatalf("Inspect after recovery: %+v; want an active recreated slot with lost_count 1", info)
 			}
-			waitFor(t, 10*time.Second, "catch-up marker cleared", func() bool {
+			waitFor(t, 60*time.Second, "catch-up marker cleared", func() bool {
 				info, err := cdc.Inspect(ctx, h.s.Pool, h.tables, h.slot)
 				return err == nil && !info.CatchUpNeeded
 			})
-			waitFor(t, 10*time.Second, "all rows sent", func() bool { return h.statusCounts(ctx)["sent"] == len(all) })
+			waitFor(t, 60*time.Second, "all rows sent", func() bool { return h.statusCounts(ctx)["sent"] == len(all) })
 		})
 	}
 }
@@ -409,11 +409,11 @@ func TestPermanentFailureMarksDead(t *testing.T) {
 	}
 	more := h.insert(ctx, 3, 1)
 	ok := append(small, more...)
-	got := n.read(10*time.Second, allDelivered(ok))
+	got := n.read(60*time.Second, allDelivered(ok))
 	if v := judge(ok, got); v.lost != 0 || v.phantom != 0 {
 		t.Fatalf("%+v", v)
 	}
-	waitFor(t, 10*time.Second, "rows recorded", func() bool {
+	waitFor(t, 60*time.Second, "rows recorded", func() bool {
 		c := h.statusCounts(ctx)
 		return c["sent"] == 6 && c["dead"] == 1
 	})
@@ -457,7 +457,7 @@ func TestEventFieldsRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	var msg *jetstream.RawStreamMsg
-	waitFor(t, 10*time.Second, "message stored", func() bool {
+	waitFor(t, 60*time.Second, "message stored", func() bool {
 		s, err := js.Stream(ctx, n.stream)
 		if err != nil {
 			return false

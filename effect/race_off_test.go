@@ -1,0 +1,5 @@
+//go:build !race
+
+package effect_test
+
+const raceEnabled = false
