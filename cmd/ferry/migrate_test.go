@@ -12,12 +12,18 @@ import (
 
 func runCLI(t *testing.T, args ...string) (string, error) {
 	t.Helper()
+	return runCLIContext(context.Background(), args...)
+}
+
+// runCLIContext runs the root command with args; output is collected in a
+// buffer that is safe to read only after the command returned.
+func runCLIContext(ctx context.Context, args ...string) (string, error) {
 	cmd := newRootCmd()
 	var out bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
 	cmd.SetArgs(args)
-	err := cmd.ExecuteContext(context.Background())
+	err := cmd.ExecuteContext(ctx)
 	return out.String(), err
 }
 

@@ -46,6 +46,8 @@ type relayFlags struct {
 	instanceID     string
 	notifyChannel  string
 	logLevel       string
+	slot           string
+	publication    string
 
 	// Destinations.
 	stream      string
@@ -86,6 +88,8 @@ HTTP (--listen): /metrics (Prometheus), /healthz (process alive),
 broker breaker is closed). SIGTERM finishes the batch in flight, releases
 the leases and exits 0.`,
 		Args: cobra.NoArgs,
+		Example: `  ferry relay --database-url postgres://… --broker-url nats://127.0.0.1:4222 --subjects order.events
+  ferry relay --mode cdc --database-url postgres://… --broker-url kafka://127.0.0.1:9092 --topics order.events`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runRelayCmd(cmd.Context(), cmd, f, cmd.ErrOrStderr())
 		},
@@ -93,7 +97,9 @@ the leases and exits 0.`,
 	f.store.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.brokerURL, "broker-url", "", "broker: nats://…, kafka://host:port[,host:port], or embedded")
-	fl.StringVar(&f.mode, "mode", "poll", `how rows are found: "poll" (claim by status, LISTEN/NOTIFY wake-up)`)
+	fl.StringVar(&f.mode, "mode", "poll", `how rows are found: "poll" (claim by status, LISTEN/NOTIFY wake-up) or "cdc" (Postgres logical replication, pgoutput)`)
+	fl.StringVar(&f.slot, "slot", "ferry_cdc", "cdc: logical replication slot name")
+	fl.StringVar(&f.publication, "publication", "ferry_cdc", "cdc: publication name (created for the outbox table only, inserts only)")
 	fl.IntVar(&f.shards, "shards", ferry.DefaultShardCount, "shard count N; must equal the writers' N")
 	fl.IntVar(&f.batch, "batch-size", relay.DefaultBatchSize, "rows per claim-publish-mark cycle")
 	fl.DurationVar(&f.poll, "poll-interval", relay.DefaultPollInterval, "look for work this often when nothing woke the relay")
@@ -122,8 +128,8 @@ the leases and exits 0.`,
 
 func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr io.Writer) error {
 	applyEnv(cmd)
-	if f.mode != "poll" {
-		return fmt.Errorf(`--mode %q is not supported by this relay: only "poll"`, f.mode)
+	if f.mode != "poll" && f.mode != "cdc" {
+		return fmt.Errorf(`--mode must be "poll" or "cdc", got %q`, f.mode)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
@@ -145,6 +151,9 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if f.mode == "cdc" {
+		return runCDCRelay(ctx, f, st, pub, reg, log)
+	}
 	opts := []relay.Option{
 		relay.WithTables(st.tables), relay.WithShardCount(f.shards), relay.WithBatchSize(f.batch),
 		relay.WithPollInterval(f.poll), relay.WithLeaseTTL(f.leaseTTL), relay.WithBackoff(f.backoffBase, f.backoffMax),
