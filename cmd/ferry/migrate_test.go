@@ -82,12 +82,21 @@ func TestMigrateUpStatusCLI(t *testing.T) {
 	}
 }
 
+// TestDemo runs the README's first command in-process: it must finish by
+// itself and show both parts with a clean verdict.
 func TestDemo(t *testing.T) {
-	var out bytes.Buffer
-	if err := runDemo(context.Background(), &out, t.TempDir()); err != nil {
-		t.Fatalf("demo: %v\n%s", err, out.String())
+	out, err := runCLI(t, "demo")
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
 	}
-	if !strings.Contains(out.String(), "0 events for the rolled-back order") {
-		t.Fatalf("demo output:\n%s", out.String())
+	for _, want := range []string{
+		"0 events for the rolled-back order",
+		"Part 2: the whole pipeline under faults",
+		"duplicate effects (charges)",
+		"Every committed event applied exactly once",
+	} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("demo output lacks %q:\n%s", want, out)
+		}
 	}
 }
