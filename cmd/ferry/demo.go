@@ -39,7 +39,7 @@ func newDemoCmd() *cobra.Command {
     drops a response after charging. The figures are measured from the
     tables, the stream and the provider's own books (the same checker as
     'ferry prove').`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dir, err := os.MkdirTemp("", "ferry-demo-")
 			if err != nil {
