@@ -49,6 +49,10 @@ type relayFlags struct {
 	slot           string
 	publication    string
 
+	// Scheduled cleanup (off unless --cleanup-interval > 0).
+	cleanupEvery     time.Duration
+	cleanupRetention time.Duration
+
 	// Destinations.
 	stream      string
 	subjects    string
@@ -98,6 +102,8 @@ the leases and exits 0.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.brokerURL, "broker-url", "", "broker: nats://…, kafka://host:port[,host:port], or embedded")
 	fl.StringVar(&f.mode, "mode", "poll", `how rows are found: "poll" (claim by status, LISTEN/NOTIFY wake-up) or "cdc" (Postgres logical replication, pgoutput)`)
+	fl.DurationVar(&f.cleanupEvery, "cleanup-interval", 0, "run cleanup (sent outbox rows, old inbox and finished effect rows) this often; 0 disables")
+	fl.DurationVar(&f.cleanupRetention, "cleanup-retention", 7*24*time.Hour, "cleanup keeps rows younger than this; refused if shorter than the replay window (ferry cleanup window)")
 	fl.StringVar(&f.slot, "slot", "ferry_cdc", "cdc: logical replication slot name")
 	fl.StringVar(&f.publication, "publication", "ferry_cdc", "cdc: publication name (created for the outbox table only, inserts only)")
 	fl.IntVar(&f.shards, "shards", ferry.DefaultShardCount, "shard count N; must equal the writers' N")
@@ -151,6 +157,11 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	stopCleanup, err := startScheduledCleanup(ctx, f, st, log)
+	if err != nil {
+		return err
+	}
+	defer stopCleanup()
 	if f.mode == "cdc" {
 		return runCDCRelay(ctx, f, st, pub, reg, log)
 	}

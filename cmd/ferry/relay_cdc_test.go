@@ -86,3 +86,17 @@ func TestRelayRejectsUnknownMode(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// A scheduled cleanup with a retention below the replay window must refuse
+// to start the relay, naming both numbers, rather than fail in the background.
+func TestRelayScheduledCleanupRefusesShortRetention(t *testing.T) {
+	url := "sqlite:" + filepath.Join(t.TempDir(), "x.db")
+	if _, err := runCLI(t, "migrate", "up", "--database-url", url); err != nil {
+		t.Fatal(err)
+	}
+	_, err := runCLI(t, "relay", "--database-url", url, "--broker-url", "embedded", "--embedded-dir", filepath.Join(t.TempDir(), "n"),
+		"--subjects", "order.events", "--provision", "--listen", "", "--cleanup-interval", "1m", "--cleanup-retention", "1s")
+	if err == nil || !strings.Contains(err.Error(), "--cleanup-retention") || !strings.Contains(err.Error(), "window") {
+		t.Fatalf("err = %v", err)
+	}
+}

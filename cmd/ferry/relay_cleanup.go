@@ -1,0 +1,47 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+
+	"github.com/ferryhq/ferry/ops"
+)
+
+// startScheduledCleanup runs ops.RunCleanup beside the relay when
+// --cleanup-interval is set. The retention guard is checked before the relay
+// starts, so a retention shorter than the replay window refuses to start
+// instead of failing later in the background. The returned func stops it.
+func startScheduledCleanup(ctx context.Context, f *relayFlags, st *store, log *slog.Logger) (func(), error) {
+	if f.cleanupEvery <= 0 {
+		return func() {}, nil
+	}
+	o, err := ops.New(st, ops.WithTables(st.tables), ops.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	opts := ops.CleanupOptions{Retention: f.cleanupRetention}
+	w, err := o.ReplayWindow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := ops.CheckRetention(opts, w); err != nil {
+		return nil, fmt.Errorf("--cleanup-retention: %w", err)
+	}
+	host, _ := os.Hostname()
+	approval := ops.Approval{Approve: true, Actor: "relay/" + host, Reason: "scheduled cleanup (ferry relay --cleanup-interval)"}
+	cctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := o.RunCleanup(cctx, f.cleanupEvery, opts, approval); err != nil && !errors.Is(err, context.Canceled) {
+			log.Error("scheduled cleanup stopped", "err", err)
+		}
+	}()
+	log.Info("scheduled cleanup", "every", f.cleanupEvery.String(), "retention", f.cleanupRetention.String())
+	return func() { cancel(); wg.Wait() }, nil
+}
