@@ -15,10 +15,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/otelferry"
 )
 
 // message is one unit of inbox work: a live delivery, or a parked row
@@ -283,7 +287,15 @@ func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m 
 	}
 	if !dryRun && !claimOnly {
 		start := time.Now()
-		err := ib.handler(ctx, tx, ev)
+		hctx, span := ib.cfg.tracer.Start(otelferry.ContextFromTraceparent(ctx, ev.Headers.Traceparent), "ferry.inbox.apply",
+			trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(attribute.String("ferry.consumer", ib.name), attribute.String("ferry.event_id", ev.ID.String()),
+				attribute.String("ferry.event_type", ev.EventType), attribute.Int64("ferry.aggregate_seq", ev.AggregateSeq)))
+		err := ib.handler(hctx, tx, ev)
+		if err != nil {
+			span.SetStatus(codes.Error, "handler failed")
+		}
+		span.End()
 		ib.m.handlerSeconds.Observe(time.Since(start).Seconds())
 		if err != nil {
 			return stepResult{kind: stepFailed, err: err}, nil

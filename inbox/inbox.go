@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel"
+
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
@@ -75,6 +77,9 @@ func New[TTx any](drv driver.Driver[TTx], name string, handler Handler[TTx], opt
 	}
 	if err := cfg.check(); err != nil {
 		return nil, err
+	}
+	if cfg.tracer == nil {
+		cfg.tracer = otel.GetTracerProvider().Tracer(tracerName)
 	}
 	q, err := newQueries(drv.Dialect(), cfg.tables)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ferryhq/ferry"
 )
@@ -87,6 +88,7 @@ type config[TTx any] struct {
 	faults        Faults
 	lag           func(ctx context.Context) (int64, error)
 	now           func() time.Time
+	tracer        trace.Tracer
 	nonAtomicTest bool // negative control: claim and effect in separate transactions
 	// alwaysSavepoints skips the optimistic batch pass (benchmarks compare).
 	alwaysSavepoints bool
@@ -94,6 +96,17 @@ type config[TTx any] struct {
 
 // Option configures an Inbox.
 type Option[TTx any] func(*config[TTx])
+
+// WithTracerProvider sets where the inbox's spans go (default: the global
+// OpenTelemetry provider, a no-op unless the application installs one). The
+// handler runs inside a "ferry.inbox.apply" consumer span whose parent is
+// the trace context the event carries (its traceparent), so one trace
+// shows command → publish → apply, and the handler's own spans nest in it.
+func WithTracerProvider[TTx any](tp trace.TracerProvider) Option[TTx] {
+	return func(c *config[TTx]) { c.tracer = tp.Tracer(tracerName) }
+}
+
+const tracerName = "github.com/ferryhq/ferry/inbox"
 
 // WithTables sets the schema and table prefix (default: search_path, "ferry_").
 func WithTables[TTx any](t ferry.Tables) Option[TTx] {

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
@@ -83,6 +84,7 @@ type config struct {
 	faults         Faults
 	syncMarks      bool
 	workers        int
+	tracer         trace.Tracer
 
 	// Test hooks (unexported; only this package's tests set them).
 	noFence         bool         // negative control: drop the fence from marks
@@ -94,6 +96,17 @@ type config struct {
 
 // WithTables sets the schema and table prefix (default: search_path, "ferry_").
 func WithTables(t ferry.Tables) Option { return func(c *config) { c.tables = t } }
+
+// WithTracerProvider sets where the relay's spans go (default: the global
+// OpenTelemetry provider, a no-op unless the application installs one).
+// Each publish is a "ferry.relay.publish" producer span linked to the trace
+// context every event carries in its traceparent, so a trace shows
+// command → publish → apply.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tracer = tp.Tracer(tracerName) }
+}
+
+const tracerName = "github.com/ferryhq/ferry/relay"
 
 // WithShardCount sets N (default ferry.DefaultShardCount). It must equal the
 // writers' N: the relay refuses to start when unsent rows carry another.

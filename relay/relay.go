@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel"
+
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
@@ -156,6 +158,9 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 	}
 	if cfg.instance == "" {
 		cfg.instance = defaultInstanceID()
+	}
+	if cfg.tracer == nil {
+		cfg.tracer = otel.GetTracerProvider().Tracer(tracerName)
 	}
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)

@@ -12,10 +12,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/otelferry"
 )
 
 // claimed is one outbox row taken into a batch.
@@ -261,8 +264,19 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 	}
 	r.publishCalls.Add(1)
 	r.m.brokerCalls.WithLabelValues("publish").Inc()
+	pctx, span := r.cfg.tracer.Start(ctx, "ferry.relay.publish", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("messaging.system", r.pub.Name()), attribute.Int("messaging.batch.message_count", len(events))))
+	if span.IsRecording() { // links cost a parse per event: only when someone records
+		for i := range events {
+			if tp := events[i].Headers.Traceparent; tp != "" {
+				span.AddLink(trace.LinkFromContext(otelferry.ContextFromTraceparent(context.Background(), tp),
+					attribute.String("ferry.event_id", events[i].ID.String())))
+			}
+		}
+	}
 	t0 := time.Now()
-	results := r.pub.Publish(ctx, events)
+	results := r.pub.Publish(pctx, events)
+	span.End()
 	r.m.phase.WithLabelValues("publish").Observe(time.Since(t0).Seconds())
 	if len(results) != len(events) {
 		err := broker.NewError(broker.ClassIndeterminate,
