@@ -3,7 +3,7 @@
 //
 // For SQLite, open the database with a busy timeout and immediate
 // transactions so concurrent writers queue instead of failing, e.g.
-// "file:app.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate&_time_format=sqlite".
+// "file:app.db?_pragma=busy_timeout(60000)&_pragma=journal_mode(WAL)&_txlock=immediate&_time_format=sqlite".
 // [OpenSQLite] does that for you.
 package databasesql
 
@@ -43,7 +43,7 @@ func New(db *sql.DB, dialect driver.Dialect) *Driver {
 // safe) and a sortable time format.
 func OpenSQLite(path string) (*sql.DB, error) {
 	q := url.Values{}
-	q.Add("_pragma", "busy_timeout(20000)")
+	q.Add("_pragma", "busy_timeout(60000)")
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(ON)")
