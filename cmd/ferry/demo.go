@@ -32,7 +32,10 @@ func newDemoCmd() *cobra.Command {
 
  1. The outbox: orders and their events commit in one transaction; a
     rolled-back order leaves no event (G1).
- 2. The whole pipeline under faults: producers → outbox → relay → embedded
+ 2. Payments through the effect ledger: a fake provider that drops
+    responses and times out; unknown outcomes are reconciled by a status
+    query before any retry, and each order is charged exactly once (G5).
+ 3. The whole pipeline under faults: producers → outbox → relay → embedded
     NATS JetStream → inbox consumer → effect ledger → a fake payment provider,
     while the relay is killed after a publish, the consumer dies after its
     commit, the broker delivers duplicates and out of order and the provider
@@ -51,7 +54,11 @@ func newDemoCmd() *cobra.Command {
 			if err := runDemo(cmd.Context(), cmd.OutOrStdout(), dir); err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), "\n── Part 2: the whole pipeline under faults ──")
+			fmt.Fprintln(cmd.OutOrStdout(), "\n── Part 2: payments through the effect ledger, against a flaky provider ──")
+			if err := runPaymentsDemo(cmd.Context(), cmd.OutOrStdout(), dir); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "\n── Part 3: the whole pipeline under faults ──")
 			_, err = prove.RunDemo(cmd.Context(), cmd.OutOrStdout(), prove.WithSeed(seed))
 			return err
 		},

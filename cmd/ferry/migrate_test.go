@@ -91,7 +91,8 @@ func TestDemo(t *testing.T) {
 	}
 	for _, want := range []string{
 		"0 events for the rolled-back order",
-		"Part 2: the whole pipeline under faults",
+		"Every order charged exactly once",
+		"Part 3: the whole pipeline under faults",
 		"duplicate effects (charges)",
 		"Every committed event applied exactly once",
 	} {
