@@ -68,6 +68,12 @@ type Figures struct {
 	// Reconciliations: status queries the provider answered (unknown
 	// outcomes resolved without a blind retry).
 	Reconciliations int `json:"reconciliations"`
+	// ChargesResponseLost: charges the provider applied whose response no
+	// worker read — the worker was killed between the provider's success
+	// and the ledger's record (effect-worker-sigkill; from the provider).
+	// ReconciledFound: intents a status query found already charged.
+	ChargesResponseLost int `json:"charges_response_lost,omitempty"`
+	ReconciledFound     int `json:"reconciled_found,omitempty"`
 
 	// Amplification: broker publish calls and provider charge calls, in
 	// total and per committed event / per paid event.
@@ -129,6 +135,7 @@ type truth struct {
 	parked   []parkedRow
 	deadRows int
 	stream   []streamMsg
+	effects  []ledgerEffect // package effect's ledger (real inbox only)
 }
 
 type outboxTruth struct {
@@ -196,6 +203,18 @@ func collect(ctx context.Context, e *env) (*truth, error) {
 		return nil
 	}); err != nil {
 		return nil, err
+	}
+	if e.realInbox {
+		if err := scanRows(ctx, ex, `SELECT idem_key, CAST(event_id AS TEXT), state, reconciliations FROM ferry_effects`, func(s func(...any) error) error {
+			var r ledgerEffect
+			if err := s(&r.key, &r.eventID, &r.state, &r.reconciliations); err != nil {
+				return err
+			}
+			t.effects = append(t.effects, r)
+			return nil
+		}); err != nil {
+			return nil, err
+		}
 	}
 	for id, o := range e.outboxSnap {
 		if _, ok := t.outbox[id]; !ok {

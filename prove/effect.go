@@ -18,10 +18,20 @@ type fakeProvider struct {
 	byRef       map[string]bool // reference -> a charge exists
 	calls       int
 	statusCalls int
+	// found counts, per reference, status queries that found the charge:
+	// each is an outcome the ledger had not recorded.
+	found map[string]int
+	// Over HTTP (providerServer): cut holds the references whose charge
+	// was applied but whose response the caller never read (its process
+	// died while the provider held the response); held counts, per
+	// caller, responses being held right now.
+	cut  map[string]bool
+	held map[string]int
 }
 
 func newFakeProvider() *fakeProvider {
-	return &fakeProvider{charges: map[string]int{}, byRef: map[string]bool{}}
+	return &fakeProvider{charges: map[string]int{}, byRef: map[string]bool{}, found: map[string]int{},
+		cut: map[string]bool{}, held: map[string]int{}}
 }
 
 func (p *fakeProvider) charge(ref, eventID string) {
@@ -36,6 +46,9 @@ func (p *fakeProvider) status(ref string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.statusCalls++
+	if p.byRef[ref] {
+		p.found[ref]++
+	}
 	return p.byRef[ref]
 }
 

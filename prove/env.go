@@ -52,6 +52,12 @@ type env struct {
 	// the outage scenario), or "" for direct.
 	pubVia string
 
+	// effect-worker-sigkill: what each kill of the subprocess effect
+	// worker left behind, and the scenario's summary for the report.
+	effectKillsMu sync.Mutex
+	effectKills   []effectKill
+	extraNote     string
+
 	// fault plan state: a planned fault fires once per event.
 	fired  sync.Map // key fault/event id -> struct{}
 	faults atomic.Int64
@@ -216,12 +222,18 @@ func (e *env) components() []string {
 	} else {
 		c = append(c, "prove:reference-inbox")
 	}
-	if e.realInbox {
+	if e.realInbox && sc.sigkillEffects {
+		c = append(c, "ferry:effect(subprocess)", "ferry:effect/effecthttp")
+	} else if e.realInbox {
 		c = append(c, "ferry:effect")
 	} else {
 		c = append(c, "prove:reference-effect-ledger")
 	}
-	c = append(c, "prove:fake-provider")
+	if sc.sigkillEffects {
+		c = append(c, "prove:fake-provider(http)")
+	} else {
+		c = append(c, "prove:fake-provider")
+	}
 	if sc.outage || sc.dbOutage {
 		c = append(c, "internal/faultproxy")
 	}

@@ -81,7 +81,7 @@ func TestEmbeddedMatrix(t *testing.T) {
 		t.Errorf("report failed")
 	}
 	// Faults must actually have fired where planned, or the pass is hollow.
-	for _, name := range []string{"relay-crash-after-publish", "consumer-ack-loss", "sequence-gap-reorder", "external-success-local-failure", "relay-sigkill", "inbox-sigkill", "concurrent-relays"} {
+	for _, name := range []string{"relay-crash-after-publish", "consumer-ack-loss", "sequence-gap-reorder", "external-success-local-failure", "relay-sigkill", "inbox-sigkill", "effect-worker-sigkill", "concurrent-relays"} {
 		r, _ := rep.Result(name)
 		if r.Figures.FaultsInjected == 0 {
 			t.Errorf("%s: no fault fired", name)
@@ -104,6 +104,13 @@ func TestEmbeddedMatrix(t *testing.T) {
 		if r, _ := rep.Result(name); !check(r.Figures) {
 			t.Errorf("%s: expected figure missing: %+v", name, r.Figures)
 		}
+	}
+	// The effect worker subprocess: a kill landed after a charge, before the
+	// ledger write; every such charge was found by a status query; one
+	// charge per paid order.
+	if r, _ := rep.Result("effect-worker-sigkill"); r.Figures.FaultsInjected != sigkillKills || r.Figures.ChargesResponseLost == 0 ||
+		r.Figures.ReconciledFound < r.Figures.ChargesResponseLost || r.Figures.ProviderCallsPerEffect != 1 {
+		t.Errorf("effect-worker-sigkill: expected figures missing: %+v", r.Figures)
 	}
 	var js bytes.Buffer
 	if err := rep.WriteJSON(&js); err != nil {
@@ -159,6 +166,9 @@ func TestBrokenBuildCaught(t *testing.T) {
 		// sent and then crashes at the planned fault points.
 		{"mark-before-ack", "relay-crash-after-publish", func(f Figures) int { return f.Lost }},
 		{"no-ledger", "external-success-local-failure", func(f Figures) int { return f.DuplicateEffects }},
+		// The subprocess effect worker without reconciliation: every
+		// outcome its predecessor left unknown is charged again.
+		{"blind-retry", "effect-worker-sigkill", func(f Figures) int { return f.DuplicateEffects }},
 	}
 	for _, c := range cases {
 		t.Run(c.broken, func(t *testing.T) {
@@ -194,7 +204,7 @@ func TestPostgresAndSystemNATS(t *testing.T) {
 	nats := testenv.NATSURL(t)
 	rep, err := Run(context.Background(), small(WithPostgres(pg), WithBroker(nats), WithScenarios(
 		"relay-crash-after-publish", "consumer-ack-loss", "multi-producer-race",
-		"external-success-local-failure", "relay-sigkill", "control-non-atomic-inbox",
+		"external-success-local-failure", "relay-sigkill", "effect-worker-sigkill", "control-non-atomic-inbox",
 		"cdc-restart", "control-cdc-start-from-current-wal", "database-outage"))...)
 	if err != nil {
 		t.Fatal(err)

@@ -40,6 +40,7 @@ type scenario struct {
 	leakage             bool
 	sigkill             bool          // the relay runs as a subprocess, SIGKILLed and restarted
 	sigkillInbox        bool          // the consumer runs as a subprocess, SIGKILLed and restarted
+	sigkillEffects      bool          // the effect worker runs as a subprocess (provider over HTTP), SIGKILLed and restarted
 	cdc                 bool          // publish with package relay/cdc instead of the polling relay
 	cdcCurrentWAL       bool          // the CDC control: restart from the current WAL, not the slot
 	throttle            time.Duration // pause per producer transaction, to spread the workload over the faults
@@ -156,6 +157,18 @@ func allScenarios() []*scenario {
 			notAvailable: func(_ *stack, c *config) string {
 				if len(c.worker) == 0 {
 					return "no worker command (run through `ferry prove`, or pass WithWorkerCommand)"
+				}
+				return ""
+			}},
+		{name: "effect-worker-sigkill", desc: "package effect's worker runs as a subprocess calling the provider over HTTP, SIGKILLed mid-call (after the charge, before the ledger write included) and restarted",
+			plan: planOptions{rollbackRate: 0.05}, relays: 1, sigkillEffects: true, throttle: 10 * time.Millisecond,
+			extra: checkEffectSigkill,
+			notAvailable: func(_ *stack, c *config) string {
+				switch {
+				case len(c.worker) == 0:
+					return "no worker command (run through `ferry prove`, or pass WithWorkerCommand)"
+				case c.referenceInbox:
+					return "the reference inbox records into prove's own ledger; the subprocess worker is package effect's"
 				}
 				return ""
 			}},
@@ -311,6 +324,15 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		}
 		defer closeDB()
 	}
+	// effect-worker-sigkill: the provider is reached over HTTP by effect
+	// workers in other processes; it closes after they are gone.
+	var provSrv *providerServer
+	if sc.sigkillEffects {
+		if provSrv, err = startProviderServer(e.provider, providerDelay); err != nil {
+			return Figures{}, nil, "", nil, err
+		}
+		defer provSrv.close()
+	}
 
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -365,8 +387,8 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		startSigkill(runCtx, &wg, e, "relay", killsDone)
 	} else if sc.sigkillInbox {
 		startSigkill(runCtx, &wg, e, "inbox", killsDone)
-	} else {
-		close(killsDone)
+	} else if !sc.sigkillEffects {
+		close(killsDone) // effect-worker-sigkill: closed by startEffectSigkill
 	}
 	inbox := &refInbox{env: e, maxAttempts: 3, nonAtomic: sc.nonAtomic, inlineEffect: sc.inlineEffect || cfg.broken == "no-ledger"}
 	startConsumer := func() {
@@ -381,7 +403,9 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	if !sc.revokeBeforeConsume && !sc.sigkillInbox {
 		startConsumer()
 	}
-	if e.realInbox {
+	if sc.sigkillEffects {
+		startEffectSigkill(runCtx, &wg, e, provSrv, killsDone)
+	} else if e.realInbox {
 		supervise(runCtx, &wg, e.log, "effects", e.runRealEffects)
 	} else {
 		supervise(runCtx, &wg, e.log, "effects", (&refEffects{env: e, unknownAfter: 300 * time.Millisecond}).run)
@@ -501,6 +525,9 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	}
 	if sc.extra != nil {
 		viol = append(viol, sc.extra(e, &f, t)...)
+	}
+	if e.extraNote != "" {
+		note = strings.TrimPrefix(note+"; "+e.extraNote, "; ")
 	}
 	return f, viol, note, e.components(), nil
 }

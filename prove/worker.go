@@ -31,7 +31,7 @@ const WorkerEnv = "FERRY_PROVE_WORKER"
 var ErrNotWorker = errors.New("prove: not started as a worker (" + WorkerEnv + " unset)")
 
 type workerJob struct {
-	Role        string       `json:"role"` // "relay"
+	Role        string       `json:"role"` // "relay", "inbox" or "effects"
 	DatabaseURL string       `json:"database_url"`
 	Transport   transportJob `json:"transport"`
 	ID          string       `json:"id"`
@@ -39,6 +39,11 @@ type workerJob struct {
 	// StopOnce: freeze the whole process (SIGSTOP to itself) before the
 	// first publish; the parent resumes it after the lease expired.
 	StopOnce bool `json:"stop_once,omitempty"`
+	// ProviderURL: the parent's fake provider over HTTP (role "effects").
+	ProviderURL string `json:"provider_url,omitempty"`
+	// Broken: a safety mechanism switched off in the worker (tests of the
+	// checker; see withBrokenBuild).
+	Broken string `json:"broken,omitempty"`
 }
 
 // workerReport is what a worker prints on stdout when it ends by SIGTERM.
@@ -51,8 +56,9 @@ type workerReport struct {
 // A test binary's TestMain (or a main) calls RunWorker when it is.
 func IsWorker() bool { return os.Getenv(WorkerEnv) != "" }
 
-// RunWorker runs the job the parent put in WorkerEnv — today the
-// reference relay — until ctx ends or the process is killed, which is the
+// RunWorker runs the job the parent put in WorkerEnv — a relay (package
+// relay or the reference relay), package inbox's consumer, or package
+// effect's worker — until ctx ends or the process is killed, which is the
 // point: the parent SIGKILLs it at random moments and starts another.
 func RunWorker(ctx context.Context) error {
 	raw := os.Getenv(WorkerEnv)
@@ -63,8 +69,8 @@ func RunWorker(ctx context.Context) error {
 	if err := json.Unmarshal([]byte(raw), &job); err != nil {
 		return fmt.Errorf("prove: worker job: %w", err)
 	}
-	if job.Role != "relay" && job.Role != "inbox" {
-		return fmt.Errorf("prove: worker role %q: \"relay\" or \"inbox\"", job.Role)
+	if job.Role != "relay" && job.Role != "inbox" && job.Role != "effects" {
+		return fmt.Errorf("prove: worker role %q: \"relay\", \"inbox\" or \"effects\"", job.Role)
 	}
 	var db *sql.DB
 	var dialect driver.Dialect
@@ -85,6 +91,10 @@ func RunWorker(ctx context.Context) error {
 		plan: &plan{events: map[string]*plannedEvent{}}, log: slog.New(slog.DiscardHandler),
 		rec: newRecorder(), reg: prometheus.NewRegistry()}
 	e.metrics = newMetrics(e.reg)
+	if job.Role == "effects" {
+		// package effect's worker, calling the parent's provider over HTTP.
+		return e.runHTTPEffects(ctx, job.ID, job.ProviderURL, job.Broken == "blind-retry")
+	}
 	if job.Role == "inbox" {
 		// package inbox as the consumer; the effect intents it records are
 		// executed by the parent's effect worker.
