@@ -51,10 +51,18 @@
 // crash after publish before mark; inbox.Faults: crash after commit before
 // ack, crash before commit; effect.Faults: crash after the provider
 // succeeded, before the ledger write), fire at event positions drawn from
-// the seed, and fire once per event. Process-level faults run the relay as
-// a subprocess (WithWorkerCommand): SIGKILLed at seeded moments and
-// restarted, or frozen with SIGSTOP mid-batch past its lease expiry and
-// then resumed, when its late marks must be fenced. Network faults use
+// the seed, and fire once per event. Process-level faults run the relay,
+// the consumer (package inbox) or the effect worker (package effect) as a
+// subprocess (WithWorkerCommand, RunWorker): SIGKILLed at seeded moments
+// and restarted; a relay can also be frozen with SIGSTOP mid-batch past its
+// lease expiry and then resumed, when its late marks must be fenced. A
+// subprocess opens the scenario's database itself (the SQLite file in WAL
+// mode, or the Postgres schema). The fake provider stays in the parent —
+// its books are the ground truth — and subprocess effect workers reach it
+// over loopback HTTP through package effect/effecthttp; it holds each
+// charge's response briefly after applying it, and some kills are aimed
+// at that window, between the provider's success and the ledger's record.
+// Network faults use
 // internal/faultproxy, a TCP proxy in front of the broker (or of Postgres,
 // for the relay's connections) that black-holes,
 // drops, delays and resets connections.
@@ -66,8 +74,9 @@
 // package relay (in-process, and as the SIGKILLed or frozen subprocess),
 // package relay/cdc (the CDC scenarios, on Postgres),
 // package inbox (the consumer runtime, with its authorizer, schema check,
-// gap parking and healing), package effect (ledger and worker, with a
-// status-query reconciler) and package ops (cleanup and its retention
+// gap parking and healing; also as a SIGKILLed subprocess), package effect
+// (ledger and worker, with a status-query reconciler; also as SIGKILLed
+// subprocesses with package effect/effecthttp) and package ops (cleanup and its retention
 // guard), over NATS JetStream (broker/natsjs), Kafka (broker/kafka, real
 // or franz-go's kfake) or RabbitMQ (broker/rabbitmq). prove's own parts
 // are the readers of what each broker stored, the fake payment
