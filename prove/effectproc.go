@@ -211,17 +211,56 @@ type effectKill struct {
 // the restarted one) takes over once the lease expires.
 const effectProcs = 2
 
+// effectProc is one running effect worker subprocess.
+type effectProc struct {
+	id     string
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// effectFleet is the live effect worker subprocess of each slot.
+type effectFleet struct {
+	mu   sync.Mutex
+	live [effectProcs]*effectProc
+}
+
+func (f *effectFleet) set(slot int, p, old *effectProc) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.live[slot] == old {
+		f.live[slot] = p
+	}
+}
+
+func (f *effectFleet) get(slot int) *effectProc {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.live[slot]
+}
+
+// holding returns a live process the provider is holding a charge
+// response for, if any.
+func (f *effectFleet) holding(p *fakeProvider) *effectProc {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, w := range f.live {
+		if w != nil && p.holding(w.id) {
+			return w
+		}
+	}
+	return nil
+}
+
 // startEffectSigkill runs package effect's worker as effectProcs
-// concurrent subprocesses and SIGKILLs them sigkillKills times in all,
-// restarting each one killed; the last ones run until the scenario ends.
-// Kills are placed in the effect stream, not the clock, so they land
-// while intents are being executed at any scale: kill k comes once the
-// provider has taken a seeded number of charges (spread over the expected
-// total) and hits process k%effectProcs. Kills 0, 1, 4, 5 are aimed: they
-// wait until the provider holds a response of that process after applying
-// its charge — the window between the provider's success and the ledger's
-// record; kills 2 and 3 follow their mark after a seeded 0–40 ms.
-// killsDone is closed after the last kill.
+// concurrent subprocesses, each restarted whenever it dies, and SIGKILLs
+// them sigkillKills times in all. Kills are placed in the effect stream,
+// not the clock, so they land while intents are being executed at any
+// scale: kill k comes once the provider has taken a seeded number of
+// charges (spread over the expected total). Kills 0, 1, 4 and 5 are aimed:
+// they hit the first process the provider is holding a response for after
+// applying its charge — the window between the provider's success and the
+// ledger's record. Kills 2 and 3 hit process k%effectProcs a seeded
+// 0–40 ms after their mark. killsDone is closed after the last kill.
 func startEffectSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, srv *providerServer, killsDone chan<- struct{}) {
 	s1, s2 := seedFor(e.cfg.seed, e.sc.name+"/sigkill")
 	rng := rand.New(rand.NewPCG(s1, s2))
@@ -247,28 +286,11 @@ func startEffectSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, srv *pr
 	for i := range jitter {
 		jitter[i] = time.Duration(rng.Int64N(int64(40 * time.Millisecond)))
 	}
-	var remaining sync.WaitGroup
-	remaining.Add(effectProcs)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		remaining.Wait()
-		close(killsDone)
-	}()
+	fleet := &effectFleet{}
 	for slot := range effectProcs {
-		var mine []int // the kills this process slot takes
-		for k := slot; k < sigkillKills; k += effectProcs {
-			mine = append(mine, k)
-		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var once sync.Once
-			finished := func() { once.Do(remaining.Done) }
-			defer finished()
-			if len(mine) == 0 {
-				finished()
-			}
 			for i := 0; ctx.Err() == nil; i++ {
 				id := fmt.Sprintf("effects-%d-proc-%d", slot, i)
 				job := workerJob{Role: "effects", DatabaseURL: e.db.url, Transport: e.tr.job(), ID: id, ProviderURL: srv.url, Broken: e.cfg.broken}
@@ -280,32 +302,34 @@ func startEffectSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, srv *pr
 					sleepCtx(ctx, 200*time.Millisecond)
 					continue
 				}
-				exited := make(chan struct{})
-				go func() { _ = cmd.Wait(); close(exited) }()
-				if len(mine) > 0 {
-					k := mine[0]
-					if hit, ok := e.aimEffectKill(ctx, exited, srv.p, id, marks[k], jitter[k], k%4 < 2); ok {
-						_ = cmd.Process.Kill() // SIGKILL: no deferred cleanup, no graceful anything
-						<-exited
-						mine = mine[1:]
-						e.faults.Add(1)
-						e.recordEffectKill(ctx, id, hit)
-						if len(mine) == 0 {
-							finished()
-						}
-						continue
-					}
-				}
+				p := &effectProc{id: id, cmd: cmd, exited: make(chan struct{})}
+				go func() { _ = cmd.Wait(); close(p.exited) }()
+				fleet.set(slot, p, nil)
 				select {
 				case <-ctx.Done():
-				case <-exited:
-					continue
+					_ = cmd.Process.Kill()
+					<-p.exited
+				case <-p.exited: // killed by the kill plan, or died: restart
 				}
-				_ = cmd.Process.Kill()
-				<-exited
+				fleet.set(slot, nil, p)
 			}
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(killsDone)
+		for k := range sigkillKills {
+			target, hit, ok := e.aimEffectKill(ctx, fleet, srv.p, k, marks[k], jitter[k], k%4 < 2)
+			if !ok {
+				return
+			}
+			_ = target.cmd.Process.Kill() // SIGKILL: no deferred cleanup, no graceful anything
+			<-target.exited
+			e.faults.Add(1)
+			e.recordEffectKill(ctx, target.id, hit)
+		}
+	}()
 }
 
 // aimWait bounds how long a kill waits for its mark or its window: a
@@ -313,11 +337,11 @@ func startEffectSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, srv *pr
 // kill then happens anyway, outside the window, and the checks say so).
 const aimWait = 5 * time.Second
 
-// aimEffectKill waits until the provider has taken mark charges, then for
-// the jitter or — inWindow — until it holds a response for worker id. It
-// returns whether the kill lands in the window, and false for ok when the
-// process exited or ctx ended first.
-func (e *env) aimEffectKill(ctx context.Context, exited <-chan struct{}, p *fakeProvider, id string, mark int, jitter time.Duration, inWindow bool) (hit, ok bool) {
+// aimEffectKill waits until the provider has taken mark charges, then —
+// aimed — until it holds a response for one of the live processes, or
+// for the jitter. It returns the process to kill, whether the kill lands
+// in the window, and false for ok when ctx ended first.
+func (e *env) aimEffectKill(ctx context.Context, fleet *effectFleet, p *fakeProvider, k, mark int, jitter time.Duration, aimed bool) (_ *effectProc, hit, ok bool) {
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	deadline := time.Now().Add(aimWait)
@@ -326,30 +350,33 @@ func (e *env) aimEffectKill(ctx context.Context, exited <-chan struct{}, p *fake
 			select {
 			case <-ctx.Done():
 				return false
-			case <-exited:
-				return false
 			case <-tick.C:
 			}
 		}
-		return true
+		return ctx.Err() == nil
 	}
 	if !wait(func() bool { return p.chargeCalls() >= mark }) {
-		return false, false
+		return nil, false, false
 	}
-	if !inWindow {
-		select {
-		case <-ctx.Done():
-			return false, false
-		case <-exited:
-			return false, false
-		case <-time.After(jitter):
+	if aimed {
+		var target *effectProc
+		if !wait(func() bool { target = fleet.holding(p); return target != nil }) {
+			return nil, false, false
 		}
-		return false, true
+		if target != nil {
+			return target, true, true
+		}
+	} else {
+		sleepCtx(ctx, jitter)
 	}
-	if !wait(func() bool { return p.holding(id) }) {
-		return false, false
+	// Not aimed, or no window opened in time: the slot's process.
+	slot := k % effectProcs
+	var target *effectProc
+	deadline = time.Now().Add(aimWait)
+	if !wait(func() bool { target = fleet.get(slot); return target != nil }) || target == nil {
+		return nil, false, false
 	}
-	return p.holding(id), true
+	return target, false, true
 }
 
 // recordEffectKill reads, from the ledger, what the dead worker left.
