@@ -435,14 +435,18 @@ func checkEffectSigkill(e *env, f *Figures, t *truth) []string {
 	// Ledger: every intent ends succeeded; one row per paid, committed event.
 	rows := map[string]ledgerEffect{}
 	reconciled := 0
+	unfinished := map[string]int{} // state -> intents that did not end succeeded
 	for _, r := range t.effects {
 		rows[r.eventID] = r
 		if r.state != string(effect.StateSucceeded) {
-			v = append(v, fmt.Sprintf("intent %s ended %s, want succeeded", r.key, r.state))
+			unfinished[r.state]++
 		}
 		if r.reconciliations > 0 {
 			reconciled++
 		}
+	}
+	if len(unfinished) > 0 {
+		v = append(v, fmt.Sprintf("intents not ended succeeded, by state: %v", unfinished))
 	}
 	// Provider's books: exactly one charge per paid, committed order.
 	e.provider.mu.Lock()
