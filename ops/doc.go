@@ -13,8 +13,8 @@
 //
 // [Ops.Status] is a snapshot: per topic and shard the pending count, the
 // oldest pending age, dead letters and the lease holder (owner, fence,
-// expiry); per relay instance its live shards (the breaker state is not in
-// the tables; it is the relay's ferry_relay_breaker_open metric); per
+// expiry); per relay instance its live shards and circuit-breaker state (as
+// of the relay's last heartbeat, at most one lease tick old); per
 // consumer the applied rate, parked messages by reason with the oldest age
 // and open gaps; open effect intents by state (pending, in_flight,
 // unknown) with the oldest unknown; CDC slot lag. Tables that are not

@@ -67,6 +67,9 @@ type RelayStatus struct {
 	HeartbeatAt time.Time `json:"heartbeat_at"`
 	Live        bool      `json:"live"`
 	OwnedShards []int     `json:"owned_shards"`
+	// Breaker is the relay's circuit breaker ("closed" or "open") as of its
+	// last heartbeat; empty for an owner without an instance row.
+	Breaker string `json:"breaker"`
 }
 
 // ConsumerStatus is one inbox consumer.
@@ -244,7 +247,7 @@ func (o *Ops) leaseStatus(ctx context.Context, exec driver.Executor, now time.Ti
 	if err != nil || !ok {
 		return err
 	}
-	rows, err = exec.Query(ctx, fmt.Sprintf(`SELECT instance_id, started_at, heartbeat_at, expires_at FROM %s ORDER BY instance_id`, o.t("relay_instances")))
+	rows, err = exec.Query(ctx, fmt.Sprintf(`SELECT instance_id, started_at, heartbeat_at, expires_at, breaker FROM %s ORDER BY instance_id`, o.t("relay_instances")))
 	if err != nil {
 		return fmt.Errorf("ops: relay instances: %w", err)
 	}
@@ -253,7 +256,7 @@ func (o *Ops) leaseStatus(ctx context.Context, exec driver.Executor, now time.Ti
 	for rows.Next() {
 		var r RelayStatus
 		var started, hb, exp nullTime
-		if err := rows.Scan(&r.InstanceID, &started, &hb, &exp); err != nil {
+		if err := rows.Scan(&r.InstanceID, &started, &hb, &exp, &r.Breaker); err != nil {
 			return fmt.Errorf("ops: relay instances: %w", err)
 		}
 		r.StartedAt, r.HeartbeatAt = started.Time, hb.Time

@@ -32,7 +32,12 @@ func (r *Relay) leaseTick(ctx context.Context) error {
 	exec := r.db.Executor()
 	ttl := r.cfg.ttl.Seconds()
 	started := time.Now()
-	if _, err := exec.Exec(ctx, r.q.heartbeat, r.cfg.instance, r.cfg.shards, ttl); err != nil {
+	r.mu.Lock()
+	breaker := r.breaker.String()
+	r.mu.Unlock()
+	// The breaker state rides on the heartbeat so `ferry status` (another
+	// process) can show it; it is at most one lease tick old.
+	if _, err := exec.Exec(ctx, r.q.heartbeat, r.cfg.instance, r.cfg.shards, ttl, breaker); err != nil {
 		return fmt.Errorf("relay: heartbeat: %w", err)
 	}
 	if _, err := exec.Exec(ctx, r.q.pruneInstance); err != nil {

@@ -123,6 +123,15 @@ func TestBrokerOutage(t *testing.T) {
 	outageStart := time.Now()
 	want = append(want, s.produce(t, 200, 10)...)
 	waitFor(t, 10*time.Second, "breaker open", func() bool { return r.Status().Breaker == BreakerOpen })
+	// Other processes (ferry status) see it through the heartbeat row.
+	breakerRow := func() string {
+		var b string
+		if err := s.pool.QueryRow(context.Background(), `SELECT breaker FROM ferry_relay_instances WHERE instance_id = $1`, r.InstanceID()).Scan(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	waitFor(t, 10*time.Second, "breaker open in relay_instances", func() bool { return breakerRow() == "open" })
 	waitFor(t, 10*time.Second, "pending gauge to show the backlog", func() bool { return gauge(r.m.pending) == 200 })
 	age1 := gauge(r.m.oldestAge)
 	time.Sleep(3 * time.Second)
@@ -151,6 +160,7 @@ func TestBrokerOutage(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "backlog drained after recovery", func() bool { return s.count(t, "sent") == len(want) })
 	waitFor(t, 5*time.Second, "breaker closed", func() bool { return r.Status().Breaker == BreakerClosed })
+	waitFor(t, 10*time.Second, "breaker closed in relay_instances", func() bool { return breakerRow() == "closed" })
 	checkBroker(t, n.read(t), want)
 	if d := s.count(t, "dead"); d != 0 {
 		t.Fatalf("%d rows dead after recovery", d)

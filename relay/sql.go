@@ -106,8 +106,8 @@ WHERE table_name = '%s' AND column_name = 'discarded_at' AND table_schema = %s`,
 GROUP BY shard_count ORDER BY 2 DESC LIMIT 1`, outbox)
 	q.ensureLeases = fmt.Sprintf(`WITH RECURSIVE s(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM s WHERE n + 1 < CAST($1 AS INTEGER))
 INSERT INTO %s (shard) SELECT n FROM s WHERE true ON CONFLICT (shard) DO NOTHING`, leases)
-	q.heartbeat = fmt.Sprintf(`INSERT INTO %s (instance_id, shard_count, heartbeat_at, expires_at) VALUES ($1, $2, %s, %s)
-ON CONFLICT (instance_id) DO UPDATE SET shard_count = excluded.shard_count, heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at`,
+	q.heartbeat = fmt.Sprintf(`INSERT INTO %s (instance_id, shard_count, heartbeat_at, expires_at, breaker) VALUES ($1, $2, %s, %s, $4)
+ON CONFLICT (instance_id) DO UPDATE SET shard_count = excluded.shard_count, heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at, breaker = excluded.breaker`,
 		inst, now, plus("$3"))
 	q.pruneInstance = fmt.Sprintf(`DELETE FROM %s WHERE expires_at <= %s`, inst, now)
 	q.otherShardCount = fmt.Sprintf(`SELECT shard_count FROM %s WHERE expires_at > %s AND shard_count <> $1 AND instance_id <> $2 LIMIT 1`, inst, now)

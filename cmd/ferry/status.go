@@ -304,7 +304,7 @@ func printStatus(w io.Writer, st ops.Status) {
 	if len(st.Relays) > 0 {
 		fmt.Fprintln(tw, "RELAY\tLIVE\tHEARTBEAT\tOWNED SHARDS\tBREAKER")
 		for _, r := range st.Relays {
-			fmt.Fprintf(tw, "%s\t%v\t%s\t%v\t%s\n", r.InstanceID, r.Live, ts(&r.HeartbeatAt), r.OwnedShards, "see ferry_relay_breaker_open")
+			fmt.Fprintf(tw, "%s\t%v\t%s\t%v\t%s\n", r.InstanceID, r.Live, ts(&r.HeartbeatAt), r.OwnedShards, r.Breaker)
 		}
 		_ = tw.Flush()
 		fmt.Fprintln(w)

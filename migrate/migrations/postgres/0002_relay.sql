@@ -18,7 +18,9 @@ CREATE TABLE {{.T "relay_instances"}} (
     shard_count  integer     NOT NULL CHECK (shard_count >= 1),
     started_at   timestamptz NOT NULL DEFAULT now(),
     heartbeat_at timestamptz NOT NULL DEFAULT now(),
-    expires_at   timestamptz NOT NULL
+    expires_at   timestamptz NOT NULL,
+    -- circuit breaker state as of the last heartbeat, for `ferry status`
+    breaker      text        NOT NULL DEFAULT 'closed' CHECK (breaker IN ('closed', 'open'))
 );
 
 -- The relay's claim reads pending rows of one shard in id order (per

@@ -10,7 +10,9 @@ CREATE TABLE {{.T "relay_instances"}} (
     shard_count  INTEGER   NOT NULL CHECK (shard_count >= 1),
     started_at   TIMESTAMP NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f+00:00', 'now')),
     heartbeat_at TIMESTAMP NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f+00:00', 'now')),
-    expires_at   TIMESTAMP NOT NULL
+    expires_at   TIMESTAMP NOT NULL,
+    -- circuit breaker state as of the last heartbeat, for `ferry status`
+    breaker      TEXT      NOT NULL DEFAULT 'closed' CHECK (breaker IN ('closed', 'open'))
 );
 CREATE INDEX {{.I "outbox_claim_idx"}} ON {{.Bare "outbox"}} (shard, id) WHERE status = 'pending';
 CREATE INDEX {{.I "outbox_dead_shard_idx"}} ON {{.Bare "outbox"}} (shard) WHERE status = 'dead';
