@@ -160,7 +160,7 @@ func allScenarios() []*scenario {
 				}
 				return ""
 			}},
-		{name: "effect-worker-sigkill", desc: "package effect's worker runs as a subprocess calling the provider over HTTP, SIGKILLed mid-call (after the charge, before the ledger write included) and restarted",
+		{name: "effect-worker-sigkill", desc: "package effect's worker runs as two subprocesses calling the provider over HTTP, SIGKILLed mid-call (after the charge, before the ledger write included) and restarted",
 			plan: planOptions{rollbackRate: 0.05}, relays: 1, sigkillEffects: true, throttle: 10 * time.Millisecond,
 			extra: checkEffectSigkill,
 			notAvailable: func(_ *stack, c *config) string {
