@@ -77,6 +77,18 @@ func TestTopicTemplate(t *testing.T) {
 	if got := ferry.TopicTemplate("").Render(&e); got != "order.events" {
 		t.Fatalf("default render = %q", got)
 	}
+	for tmpl, want := range map[ferry.TopicTemplate]string{
+		"{aggregate_type}.events":           "order.events",
+		"{aggregate_type}-{aggregate_type}": "order-order",
+		"x{tenant_id}y{event_type}z":        "xacmeyorder.createdz",
+		"plain":                             "plain",
+		"{unknown}.{tenant_id}":             "{unknown}.acme",
+		"{":                                 "{",
+	} {
+		if got := tmpl.Render(&e); got != want {
+			t.Errorf("Render(%q) = %q, want %q", tmpl, got, want)
+		}
+	}
 	for _, bad := range []ferry.TopicTemplate{"{aggregate}.events", "a b", "x/{tenant_id}"} {
 		if err := bad.Check(); !errors.Is(err, ferry.ErrInvalidConfig) {
 			t.Errorf("%q: err = %v", bad, err)

@@ -40,16 +40,38 @@ type TopicTemplate string
 // DefaultTopicTemplate publishes each aggregate type to its own topic.
 const DefaultTopicTemplate TopicTemplate = "{aggregate_type}.events"
 
-// Render substitutes the placeholders.
+// Render substitutes the placeholders. It runs once per written event, so
+// it scans the template directly instead of building a strings.Replacer.
 func (t TopicTemplate) Render(e *Event) string {
-	if t == "" {
-		t = DefaultTopicTemplate
+	if t == "" || t == DefaultTopicTemplate {
+		return e.AggregateType + ".events"
 	}
-	return strings.NewReplacer(
-		"{tenant_id}", e.TenantID,
-		"{aggregate_type}", e.AggregateType,
-		"{event_type}", e.EventType,
-	).Replace(string(t))
+	s := string(t)
+	var b strings.Builder
+	b.Grow(len(s) + len(e.AggregateType) + len(e.TenantID))
+	for {
+		open := strings.IndexByte(s, '{')
+		if open < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		b.WriteString(s[:open])
+		s = s[open:]
+		switch {
+		case strings.HasPrefix(s, "{tenant_id}"):
+			b.WriteString(e.TenantID)
+			s = s[len("{tenant_id}"):]
+		case strings.HasPrefix(s, "{aggregate_type}"):
+			b.WriteString(e.AggregateType)
+			s = s[len("{aggregate_type}"):]
+		case strings.HasPrefix(s, "{event_type}"):
+			b.WriteString(e.EventType)
+			s = s[len("{event_type}"):]
+		default: // unknown placeholder: kept literally (Check rejects such templates)
+			b.WriteByte('{')
+			s = s[1:]
+		}
+	}
 }
 
 // Check rejects templates with unknown placeholders or characters a topic

@@ -125,11 +125,8 @@ func (l Limits) Validate(idx int, e *Event) error {
 		return bad("occurred_at", "year %d is outside 2000..9999", e.OccurredAt.Year())
 	}
 	if e.Topic != "" {
-		if len(e.Topic) > MaxTopicBytes {
-			return bad("topic", "%d bytes exceeds the limit of %d bytes", len(e.Topic), MaxTopicBytes)
-		}
-		if !topicRE.MatchString(e.Topic) {
-			return bad("topic", "%q may contain only A-Z a-z 0-9 . _ -", truncate(e.Topic))
+		if err := ValidateTopic(idx, e.Topic); err != nil {
+			return err
 		}
 	}
 	h := e.Headers
@@ -146,6 +143,21 @@ func (l Limits) Validate(idx int, e *Event) error {
 		if err := l.checkText(idx, f.name, f.v, l.MaxHeaderBytes, false); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// ValidateTopic checks a topic (given, or rendered from a template) against
+// the strictest broker's rules: Kafka's characters and 249 bytes.
+func ValidateTopic(idx int, topic string) error {
+	if topic == "" {
+		return &ValidationError{Index: idx, Field: "topic", Reason: "must not be empty"}
+	}
+	if len(topic) > MaxTopicBytes {
+		return &ValidationError{Index: idx, Field: "topic", Reason: fmt.Sprintf("%d bytes exceeds the limit of %d bytes", len(topic), MaxTopicBytes)}
+	}
+	if !topicRE.MatchString(topic) {
+		return &ValidationError{Index: idx, Field: "topic", Reason: fmt.Sprintf("%q may contain only A-Z a-z 0-9 . _ -", truncate(topic))}
 	}
 	return nil
 }

@@ -196,11 +196,14 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 		if err := w.cfg.limits.Validate(i, &e); err != nil {
 			return nil, err
 		}
+		rendered := e.Topic == ""
 		if err := ferry.Normalize(&e, w.cfg.topics, w.cfg.shards, now); err != nil {
 			return nil, err
 		}
-		if err := w.cfg.limits.Validate(i, &e); err != nil { // the rendered topic too
-			return nil, err
+		if rendered { // a topic rendered from valid parts can still be too long
+			if err := ferry.ValidateTopic(i, e.Topic); err != nil {
+				return nil, err
+			}
 		}
 		out[i] = e
 	}

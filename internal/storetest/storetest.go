@@ -373,7 +373,7 @@ func assertCounts[TTx any](t *testing.T, h Harness[TTx], outboxRows, orders int)
 	if err := scanOne(ctx, h.Driver.Executor(), fmt.Sprintf(`SELECT count(*) FROM %s`, h.Tables.Name("aggregate_seq")), nil, &n); err != nil {
 		t.Fatal(err)
 	}
-	if n != int64(outboxRows) && outboxRows == 0 {
+	if outboxRows == 0 && n != 0 {
 		t.Fatalf("aggregate_seq has %d rows, want 0 (a failed call must not bump sequences)", n)
 	}
 	if orders >= 0 {
