@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -48,6 +49,7 @@ func BenchmarkProduce(b *testing.B) {
 					work <- struct{}{}
 				}
 				close(work)
+				cpu0 := producebench.ReadCPU()
 				b.ResetTimer()
 				for range clients {
 					wg.Add(1)
@@ -62,7 +64,17 @@ func BenchmarkProduce(b *testing.B) {
 					}()
 				}
 				wg.Wait()
+				b.StopTimer()
+				cpu1 := producebench.ReadCPU()
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tx/s")
+				// On a CPU-bound machine these show where a throughput
+				// difference comes from (server: the local Postgres instance).
+				if cpu0.Server >= 0 && cpu1.Server >= 0 {
+					b.ReportMetric(float64(cpu1.Server-cpu0.Server)/float64(time.Microsecond)/float64(b.N), "server-µs/tx")
+				}
+				if cpu0.Client >= 0 && cpu1.Client >= 0 {
+					b.ReportMetric(float64(cpu1.Client-cpu0.Client)/float64(time.Microsecond)/float64(b.N), "client-µs/tx")
+				}
 			})
 		}
 	}

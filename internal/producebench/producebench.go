@@ -35,6 +35,32 @@ const (
 // Variants lists all three.
 var Variants = []Variant{BusinessOnly, HandWritten, FerrySequenced}
 
+// Reference variants decompose the gap between (b) and (c); they are not
+// part of the target. Each is one outbox statement in the same transaction
+// as (a), so the difference between two of them is the cost of one idea.
+const (
+	// FerryShapeNoSeq is Ferry's statement shape — every column as a
+	// parameter, next_attempt_at = now() — with a constant sequence: the
+	// cost of the shape without sequencing.
+	FerryShapeNoSeq Variant = "x_ferry_shape_no_seq"
+	// OnConflictFloor inserts sequence 1 with ON CONFLICT DO NOTHING on
+	// the outbox's own (aggregate, seq) key and RETURNING. It allocates
+	// nothing: it is the floor for any one-statement scheme that notices a
+	// concurrent writer of the same aggregate through ON CONFLICT (the way
+	// to do so without aborting the caller's transaction) — it reads no
+	// sequence and writes no sequence row.
+	OnConflictFloor Variant = "x_on_conflict_floor"
+	// OutboxMax is the alternative allocation that writes no sequence row:
+	// max(aggregate_seq)+1 from the outbox's unique index (a
+	// cleaned-up aggregate's last sequence from aggregate_seq), inserted
+	// with ON CONFLICT DO NOTHING so a concurrent writer is detected and
+	// the statement retried.
+	OutboxMax Variant = "x_outbox_max_seq"
+)
+
+// ReferenceVariants lists the reference variants.
+var ReferenceVariants = []Variant{FerryShapeNoSeq, OnConflictFloor, OutboxMax}
+
 // Setup creates the business table and Ferry's tables in the pool's
 // search_path. It is idempotent.
 func Setup(ctx context.Context, pool *pgxpool.Pool, tables ferry.Tables) error {
@@ -50,6 +76,7 @@ type Runner struct {
 	pool    *pgxpool.Pool
 	writer  *outbox.Writer[pgx.Tx]
 	handSQL string
+	refSQL  map[Variant]string
 	payload []byte
 }
 
@@ -67,7 +94,8 @@ func New(pool *pgxpool.Pool, tables ferry.Tables, notify string) (*Runner, error
 	hand := fmt.Sprintf(`INSERT INTO %s (event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
 		topic, shard, shard_count, content_type, payload, occurred_at) VALUES ($1, $2, 'order', $3, 1, 'order.created', 1, 'order.events', $4, 16, 'application/json', $5, now())`,
 		tables.Name("outbox"))
-	return &Runner{pool: pool, writer: w, handSQL: hand, payload: []byte(`{"amount_cents":4200,"currency":"EUR","items":[{"sku":"A-1","qty":2}]}`)}, nil
+	return &Runner{pool: pool, writer: w, handSQL: hand, refSQL: referenceSQL(tables),
+		payload: []byte(`{"amount_cents":4200,"currency":"EUR","items":[{"sku":"A-1","qty":2}]}`)}, nil
 }
 
 // Run executes one transaction of v for a fresh order.
@@ -93,7 +121,13 @@ func (r *Runner) Run(ctx context.Context, v Variant) error {
 			return err
 		}
 	default:
-		return fmt.Errorf("unknown variant %q", v)
+		q, ok := r.refSQL[v]
+		if !ok {
+			return fmt.Errorf("unknown variant %q", v)
+		}
+		if err := r.runReference(ctx, tx, q, id); err != nil {
+			return fmt.Errorf("%s: %w", v, err)
+		}
 	}
 	return tx.Commit(ctx)
 }
@@ -105,6 +139,9 @@ type Result struct {
 	Txns     int64         `json:"txns"`
 	Elapsed  time.Duration `json:"elapsed_ns"`
 	TxPerSec float64       `json:"tx_per_sec"`
+	// CPU per transaction, when it could be measured (see CPUClock).
+	ClientCPUPerTx time.Duration `json:"client_cpu_per_tx_ns,omitempty"`
+	ServerCPUPerTx time.Duration `json:"server_cpu_per_tx_ns,omitempty"`
 }
 
 // Measure runs v with clients concurrent workers for d and returns the rate.
@@ -113,6 +150,7 @@ func (r *Runner) Measure(ctx context.Context, v Variant, clients int, d time.Dur
 	defer cancel()
 	var n atomic.Int64
 	var wg sync.WaitGroup
+	cpu0 := ReadCPU()
 	errc := make(chan error, clients)
 	start := time.Now()
 	deadline := start.Add(d)
@@ -132,9 +170,19 @@ func (r *Runner) Measure(ctx context.Context, v Variant, clients int, d time.Dur
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu1 := ReadCPU()
 	close(errc)
 	if err := <-errc; err != nil {
 		return Result{}, err
 	}
-	return Result{Variant: v, Clients: clients, Txns: n.Load(), Elapsed: elapsed, TxPerSec: float64(n.Load()) / elapsed.Seconds()}, nil
+	res := Result{Variant: v, Clients: clients, Txns: n.Load(), Elapsed: elapsed, TxPerSec: float64(n.Load()) / elapsed.Seconds()}
+	if txns := n.Load(); txns > 0 {
+		if cpu0.Client >= 0 && cpu1.Client >= 0 {
+			res.ClientCPUPerTx = (cpu1.Client - cpu0.Client) / time.Duration(txns)
+		}
+		if cpu0.Server >= 0 && cpu1.Server >= 0 {
+			res.ServerCPUPerTx = (cpu1.Server - cpu0.Server) / time.Duration(txns)
+		}
+	}
+	return res, nil
 }
