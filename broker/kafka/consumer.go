@@ -16,6 +16,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/cloudevents"
+	"github.com/ferryhq/ferry/internal/runstate"
 )
 
 // Consumer errors.
@@ -42,15 +43,12 @@ type Consumer struct {
 	// never lands after a revoked partition was handed to another member.
 	commitMu sync.Mutex
 
+	run runstate.State // Consume once at a time, Close waits for it, rewind timers
+
 	mu         sync.Mutex
 	parts      map[topicPartition]*partState
 	gen        uint64
-	consuming  bool
-	closed     bool
-	stop       context.CancelFunc // cancels a running Consume
-	done       chan struct{}      // closed when a running Consume returns
 	wakePoll   context.CancelFunc // cancels the current poll so due rewinds run
-	timers     map[*time.Timer]struct{}
 	commitErrs int
 }
 
@@ -112,7 +110,6 @@ func NewConsumer(seeds []string, group string, topics []string, opts ...Option) 
 		cfg:    cfg,
 		logger: cfg.logger.With("broker", BrokerName, "group", group),
 		parts:  make(map[topicPartition]*partState),
-		timers: make(map[*time.Timer]struct{}),
 	}
 	kopts := []kgo.Opt{
 		kgo.SeedBrokers(seeds...),
@@ -257,30 +254,11 @@ func contains(ps []int32, p int32) bool {
 // Fetch errors are logged and retried by franz-go; Consume does not
 // return on them.
 func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *broker.Delivery)) error {
-	c.mu.Lock()
-	switch {
-	case c.closed:
-		c.mu.Unlock()
-		return ErrConsumerClosed
-	case c.consuming:
-		c.mu.Unlock()
-		return ErrConsuming
+	ctx, end, err := c.run.Begin(ctx, ErrConsumerClosed, ErrConsuming)
+	if err != nil {
+		return err
 	}
-	ctx, stop := context.WithCancel(ctx)
-	c.consuming, c.stop, c.done = true, stop, make(chan struct{})
-	done := c.done
-	c.mu.Unlock()
-	defer func() {
-		stop()
-		c.mu.Lock()
-		for t := range c.timers {
-			t.Stop()
-		}
-		clear(c.timers)
-		c.consuming = false
-		c.mu.Unlock()
-		close(done)
-	}()
+	defer end()
 
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -443,20 +421,16 @@ func (c *Consumer) nack(tp topicPartition, gen uint64, offset int64, delay time.
 	if s.rewindDue.IsZero() || due.Before(s.rewindDue) {
 		s.rewindDue = due
 	}
-	if !c.consuming {
-		return
-	}
-	var t *time.Timer
-	t = time.AfterFunc(delay, func() {
+	// Wake the poll when the rewind is due (nothing to wake unless a
+	// Consume runs; the next one applies due rewinds before polling).
+	c.run.AfterFunc(delay, func() {
 		c.mu.Lock()
-		delete(c.timers, t)
 		wake := c.wakePoll
 		c.mu.Unlock()
 		if wake != nil {
 			wake()
 		}
 	})
-	c.timers[t] = struct{}{}
 }
 
 func (c *Consumer) hasDueRewindLocked(now time.Time) bool {
@@ -526,18 +500,8 @@ func (c *Consumer) Lag(ctx context.Context) (Lag, error) {
 // Close stops a running Consume (which commits the acked prefixes), leaves
 // the group and closes the connections. It is safe to call twice.
 func (c *Consumer) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
+	if c.run.Close() {
+		c.cl.Close()
 	}
-	c.closed = true
-	stop, done, consuming := c.stop, c.done, c.consuming
-	c.mu.Unlock()
-	if consuming {
-		stop()
-		<-done
-	}
-	c.cl.Close()
 	return nil
 }

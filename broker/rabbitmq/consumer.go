@@ -13,6 +13,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/cloudevents"
+	"github.com/ferryhq/ferry/internal/runstate"
 )
 
 // Consumer errors.
@@ -36,12 +37,7 @@ type Consumer struct {
 	queue string
 	cfg   config
 
-	mu        sync.Mutex
-	consuming bool
-	closed    bool
-	stop      context.CancelFunc
-	done      chan struct{}
-	timers    map[*time.Timer]struct{}
+	run runstate.State // Consume once at a time, Close waits for it, delayed requeues
 }
 
 var _ broker.Consumer = (*Consumer)(nil)
@@ -61,7 +57,7 @@ func NewConsumer(url, queue string, opts ...Option) (*Consumer, error) {
 	if _, err := amqp.ParseURI(url); err != nil {
 		return nil, &ferry.ConfigError{Field: "rabbitmq.url", Reason: "not a valid amqp:// or amqps:// URI"}
 	}
-	return &Consumer{url: url, queue: queue, cfg: cfg, timers: make(map[*time.Timer]struct{})}, nil
+	return &Consumer{url: url, queue: queue, cfg: cfg}, nil
 }
 
 // Consume delivers the queue's messages to handle until ctx ends or Close.
@@ -71,30 +67,11 @@ func NewConsumer(url, queue string, opts ...Option) (*Consumer, error) {
 // error wrapping ErrTopologyMissing when the queue does not exist. handle
 // may block for back-pressure but must return once its ctx is done.
 func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *broker.Delivery)) error {
-	c.mu.Lock()
-	switch {
-	case c.closed:
-		c.mu.Unlock()
-		return ErrConsumerClosed
-	case c.consuming:
-		c.mu.Unlock()
-		return ErrConsuming
+	ctx, end, err := c.run.Begin(ctx, ErrConsumerClosed, ErrConsuming)
+	if err != nil {
+		return err
 	}
-	ctx, stop := context.WithCancel(ctx)
-	c.consuming, c.stop, c.done = true, stop, make(chan struct{})
-	done := c.done
-	c.mu.Unlock()
-	defer func() {
-		stop()
-		c.mu.Lock()
-		for t := range c.timers {
-			t.Stop()
-		}
-		clear(c.timers)
-		c.consuming = false
-		c.mu.Unlock()
-		close(done)
-	}()
+	defer end()
 
 	delay := c.cfg.reconnectDelay
 	logger := c.cfg.logger.With("broker", BrokerName, "queue", c.queue)
@@ -223,19 +200,9 @@ func (c *Consumer) delivery(ch *amqp.Channel, d amqp.Delivery) *broker.Delivery 
 		}
 		// RabbitMQ has no delayed requeue: the message stays unacked
 		// (holding a prefetch slot) for delay, then is requeued.
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if !c.consuming {
+		if !c.run.AfterFunc(delay, func() { _ = ch.Nack(tag, false, true) }) {
 			return ErrChannelGone
 		}
-		var t *time.Timer
-		t = time.AfterFunc(delay, func() {
-			c.mu.Lock()
-			delete(c.timers, t)
-			c.mu.Unlock()
-			_ = ch.Nack(tag, false, true)
-		})
-		c.timers[t] = struct{}{}
 		return nil
 	}
 	return out
@@ -277,17 +244,6 @@ func attempt(d amqp.Delivery) int {
 // Close stops a running Consume and waits for it; unacked messages are
 // requeued by the broker. Safe to call twice.
 func (c *Consumer) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
-	c.closed = true
-	stop, done, consuming := c.stop, c.done, c.consuming
-	c.mu.Unlock()
-	if consuming {
-		stop()
-		<-done
-	}
+	c.run.Close()
 	return nil
 }
