@@ -25,8 +25,11 @@ func BenchmarkConsumePostgresNATS(b *testing.B) {
 		batch int
 	}{{"tx-per-message", 1}, {"batch-100", 100}, {"batch-500", 500}} {
 		b.Run(mode.name, func(b *testing.B) {
-			s := newNATSStack(b)
+			s := newNATSStack(b, "")
 			evs := benchEvents(b, b.N, 1000)
+			for i := range evs {
+				evs[i].Topic = s.subject
+			}
 			for lo := 0; lo < len(evs); lo += 1000 {
 				for _, r := range s.pub.Publish(context.Background(), evs[lo:min(lo+1000, len(evs))]) {
 					if r.Err != nil {
@@ -68,7 +71,7 @@ func BenchmarkConsumePostgresNATS(b *testing.B) {
 // through the inbox (claim + cursor + handler): the difference is the
 // inbox's cost per message, one extra round trip.
 func BenchmarkInboxOverhead(b *testing.B) {
-	s := newNATSStack(b)
+	s := newNATSStack(b, "")
 	pool := s.drv.Pool()
 	b.Run("handler-only", func(b *testing.B) {
 		evs := benchEvents(b, b.N, 100)
@@ -124,7 +127,7 @@ func benchEvents(b testing.TB, n, aggregates int) []ferry.Event {
 // the fallback path (savepoint + claim + handler per message). It isolates
 // the database cost per message from the broker's.
 func BenchmarkBatchCore(b *testing.B) {
-	s := newNATSStack(b)
+	s := newNATSStack(b, "")
 	for _, always := range []bool{false, true} {
 		name := "bulk"
 		if always {

@@ -3,9 +3,11 @@ package inbox
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,18 +19,28 @@ import (
 	"github.com/ferryhq/ferry/migrate"
 )
 
-// natsStack is a real Postgres schema (through pgx) and a real in-process
-// JetStream server with a stream for order events.
+// natsStack is a real Postgres schema (through pgx) and a real JetStream
+// server with a stream of its own for order events.
 type natsStack struct {
-	drv *pgxv5.Driver
-	url string
-	nc  *nats.Conn
-	pub *natsjs.Publisher
+	drv     *pgxv5.Driver
+	url     string
+	nc      *nats.Conn
+	pub     *natsjs.Publisher
+	stream  string
+	subject string
 }
 
-const testStream = "ORDERS"
+// forEachNATS runs f on a fresh in-process server (the current release,
+// from the Go module) and on the system server (FERRY_TEST_NATS_URL;
+// Debian's 2.9.10 on the dev machine), so the inbox's JetStream path is
+// checked on both. On a shared server each run uses its own stream.
+func forEachNATS(t *testing.T, f func(t *testing.T, s *natsStack)) {
+	t.Run("embedded", func(t *testing.T) { f(t, newNATSStack(t, "")) })
+	t.Run("system", func(t *testing.T) { f(t, newNATSStack(t, testenv.NATSURL(t))) })
+}
 
-func newNATSStack(t testing.TB) *natsStack {
+// newNATSStack connects to url, or starts an embedded server when url is "".
+func newNATSStack(t testing.TB, url string) *natsStack {
 	t.Helper()
 	ctx := context.Background()
 	pg := testenv.NewPostgresSchema(t)
@@ -40,30 +52,38 @@ func newNATSStack(t testing.TB) *natsStack {
 		aggregate_id text NOT NULL, seq bigint NOT NULL, event_id text NOT NULL, payload text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	emb, err := natsjs.StartEmbedded()
-	if err != nil {
-		t.Fatal(err)
+	if url == "" {
+		emb, err := natsjs.StartEmbedded()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = emb.Close() })
+		url = emb.ClientURL()
 	}
-	t.Cleanup(func() { _ = emb.Close() })
-	nc, err := natsjs.Connect(emb.ClientURL())
+	nc, err := natsjs.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
+	t.Logf("NATS server %s at %s", nc.ConnectedServerVersion(), url)
 	pub, err := natsjs.NewPublisher(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-	if _, err := natsjs.EnsureStream(ctx, pub.JetStream(), natsjs.StreamConfig{Name: testStream, Subjects: []string{"order.events"}}); err != nil {
+	suffix := strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+	s := &natsStack{drv: drv, url: url, nc: nc, pub: pub, stream: "INBOXTEST_" + suffix, subject: "inboxtest." + suffix + ".order.events"}
+	if _, err := natsjs.EnsureStream(ctx, pub.JetStream(), natsjs.StreamConfig{Name: s.stream, Subjects: []string{s.subject}}); err != nil {
 		t.Fatal(err)
 	}
-	return &natsStack{drv: drv, url: emb.ClientURL(), nc: nc, pub: pub}
+	t.Cleanup(func() { _ = pub.JetStream().DeleteStream(context.Background(), s.stream) })
+	return s
 }
 
 func (s *natsStack) publish(t testing.TB, evs ...ferry.Event) {
 	t.Helper()
 	for _, ev := range evs { // one by one: the order of the test is the order of the stream
+		ev.Topic = s.subject
 		for _, r := range s.pub.Publish(context.Background(), []ferry.Event{ev}) {
 			if r.Err != nil {
 				t.Fatal(r.Err)
@@ -74,7 +94,7 @@ func (s *natsStack) publish(t testing.TB, evs ...ferry.Event) {
 
 func (s *natsStack) consumer(t testing.TB) *natsjs.Consumer {
 	t.Helper()
-	c, err := natsjs.DialConsumer(context.Background(), s.url, testStream, "shipping", natsjs.WithAckWait(time.Second))
+	c, err := natsjs.DialConsumer(context.Background(), s.url, s.stream, "shipping", natsjs.WithAckWait(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,104 +159,108 @@ func (s *natsStack) runUntil(t *testing.T, ib *Inbox[pgx.Tx], cond func() bool) 
 }
 
 func TestNATSCrashAfterCommitBeforeAck(t *testing.T) {
-	s := newNATSStack(t)
-	ev := event(t, "acme", "o1", 1, `{"n":1}`)
-	s.publish(t, ev)
-	crash := errors.New("kill -9")
-	faulty := s.inbox(t, WithFaults[pgx.Tx](Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
-	if err := faulty.Run(context.Background(), s.consumer(t)); !errors.Is(err, ErrFault) {
-		t.Fatalf("Run with fault: %v", err)
-	}
-	if got := s.effectSeqs(t, ev.ID.String()); len(got) != 1 {
-		t.Fatalf("after crash: effects %v, want the committed one", got)
-	}
-	// Restarted consumer: JetStream redelivers after AckWait; absorbed.
-	restarted := s.inbox(t)
-	s.runUntil(t, restarted, func() bool { return restarted.Stats().Duplicates == 1 })
-	if got := s.effectSeqs(t, ev.ID.String()); len(got) != 1 {
-		t.Fatalf("effects %v, want exactly 1", got)
-	}
+	forEachNATS(t, func(t *testing.T, s *natsStack) {
+		ev := event(t, "acme", "o1", 1, `{"n":1}`)
+		s.publish(t, ev)
+		crash := errors.New("kill -9")
+		faulty := s.inbox(t, WithFaults[pgx.Tx](Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
+		if err := faulty.Run(context.Background(), s.consumer(t)); !errors.Is(err, ErrFault) {
+			t.Fatalf("Run with fault: %v", err)
+		}
+		if got := s.effectSeqs(t, ev.ID.String()); len(got) != 1 {
+			t.Fatalf("after crash: effects %v, want the committed one", got)
+		}
+		// Restarted consumer: JetStream redelivers after AckWait; absorbed.
+		restarted := s.inbox(t)
+		s.runUntil(t, restarted, func() bool { return restarted.Stats().Duplicates == 1 })
+		if got := s.effectSeqs(t, ev.ID.String()); len(got) != 1 {
+			t.Fatalf("effects %v, want exactly 1", got)
+		}
+	})
 }
 
 func TestNATSCrashBeforeCommit(t *testing.T) {
-	s := newNATSStack(t)
-	ev := event(t, "acme", "o1", 1, `{"n":1}`)
-	s.publish(t, ev)
-	faulty := s.inbox(t, WithFaults[pgx.Tx](Faults{BeforeCommit: func(ferry.Event) error { return errors.New("kill -9") }}))
-	if err := faulty.Run(context.Background(), s.consumer(t)); !errors.Is(err, ErrFault) {
-		t.Fatalf("Run with fault: %v", err)
-	}
-	if got := s.effectSeqs(t, ""); len(got) != 0 {
-		t.Fatalf("rolled back transaction left effects %v", got)
-	}
-	restarted := s.inbox(t)
-	s.runUntil(t, restarted, func() bool { return restarted.Stats().Applied == 1 })
-	if got := s.effectSeqs(t, ev.ID.String()); len(got) != 1 {
-		t.Fatalf("effects %v, want exactly 1", got)
-	}
+	forEachNATS(t, func(t *testing.T, s *natsStack) {
+		ev := event(t, "acme", "o1", 1, `{"n":1}`)
+		s.publish(t, ev)
+		faulty := s.inbox(t, WithFaults[pgx.Tx](Faults{BeforeCommit: func(ferry.Event) error { return errors.New("kill -9") }}))
+		if err := faulty.Run(context.Background(), s.consumer(t)); !errors.Is(err, ErrFault) {
+			t.Fatalf("Run with fault: %v", err)
+		}
+		if got := s.effectSeqs(t, ""); len(got) != 0 {
+			t.Fatalf("rolled back transaction left effects %v", got)
+		}
+		restarted := s.inbox(t)
+		s.runUntil(t, restarted, func() bool { return restarted.Stats().Applied == 1 })
+		if got := s.effectSeqs(t, ev.ID.String()); len(got) != 1 {
+			t.Fatalf("effects %v, want exactly 1", got)
+		}
+	})
 }
 
 func TestNATSOrder132(t *testing.T) {
-	s := newNATSStack(t)
-	e1, e2, e3 := event(t, "acme", "o1", 1, "a"), event(t, "acme", "o1", 2, "b"), event(t, "acme", "o1", 3, "c")
-	s.publish(t, e1, e3, e2)
-	ib := s.inbox(t, WithBatch[pgx.Tx](16, 5*time.Millisecond))
-	s.runUntil(t, ib, func() bool { return ib.Stats().Applied == 3 })
-	if got := s.effectSeqs(t, ""); len(got) != 3 || got[0] != 1 || got[1] != 2 || got[2] != 3 {
-		t.Fatalf("effects %v, want [1 2 3]", got)
-	}
-	if st := ib.Stats(); st.Parked[ReasonGap] != 1 {
-		t.Fatalf("stats %+v: event 3 should have been parked once", st)
-	}
-	if ps, _ := ib.ListParked(context.Background(), ParkedFilter{}); len(ps) != 0 {
-		t.Fatalf("open parked: %+v", ps)
-	}
+	forEachNATS(t, func(t *testing.T, s *natsStack) {
+		e1, e2, e3 := event(t, "acme", "o1", 1, "a"), event(t, "acme", "o1", 2, "b"), event(t, "acme", "o1", 3, "c")
+		s.publish(t, e1, e3, e2)
+		ib := s.inbox(t, WithBatch[pgx.Tx](16, 5*time.Millisecond))
+		s.runUntil(t, ib, func() bool { return ib.Stats().Applied == 3 })
+		if got := s.effectSeqs(t, ""); len(got) != 3 || got[0] != 1 || got[1] != 2 || got[2] != 3 {
+			t.Fatalf("effects %v, want [1 2 3]", got)
+		}
+		if st := ib.Stats(); st.Parked[ReasonGap] != 1 {
+			t.Fatalf("stats %+v: event 3 should have been parked once", st)
+		}
+		if ps, _ := ib.ListParked(context.Background(), ParkedFilter{}); len(ps) != 0 {
+			t.Fatalf("open parked: %+v", ps)
+		}
+	})
 }
 
 // The lag gauge reads JetStream's num_pending through the adapter while
 // Run is running.
 func TestNATSLagMetric(t *testing.T) {
-	s := newNATSStack(t)
-	s.publish(t, event(t, "acme", "l1", 1, "a"), event(t, "acme", "l1", 2, "b"))
-	release := make(chan struct{})
-	blocking := func(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
-		select {
-		case <-release:
-		case <-ctx.Done():
-			return ctx.Err()
+	forEachNATS(t, func(t *testing.T, s *natsStack) {
+		s.publish(t, event(t, "acme", "l1", 1, "a"), event(t, "acme", "l1", 2, "b"))
+		release := make(chan struct{})
+		blocking := func(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return pgxEffect(ctx, tx, ev)
 		}
-		return pgxEffect(ctx, tx, ev)
-	}
-	reg := prometheus.NewRegistry()
-	ib, err := New[pgx.Tx](s.drv, "shipping", blocking, WithRegisterer[pgx.Tx](reg), WithLogger[pgx.Tx](testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := s.consumer(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ib.Run(ctx, c) }()
-	var lag float64 = -1
-	for deadline := time.Now().Add(10 * time.Second); lag < 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		mfs, err := reg.Gather()
+		reg := prometheus.NewRegistry()
+		ib, err := New[pgx.Tx](s.drv, "shipping", blocking, WithRegisterer[pgx.Tx](reg), WithLogger[pgx.Tx](testLogger(t)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, mf := range mfs {
-			if mf.GetName() == "ferry_inbox_consumer_lag" {
-				lag = mf.Metric[0].Gauge.GetValue()
+		c := s.consumer(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- ib.Run(ctx, c) }()
+		var lag float64 = -1
+		for deadline := time.Now().Add(10 * time.Second); lag < 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mf := range mfs {
+				if mf.GetName() == "ferry_inbox_consumer_lag" {
+					lag = mf.Metric[0].Gauge.GetValue()
+				}
 			}
 		}
-	}
-	close(release)
-	for ib.Stats().Applied < 2 {
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if lag < 0 {
-		t.Fatal("ferry_inbox_consumer_lag not exported while Run was running")
-	}
+		close(release)
+		for ib.Stats().Applied < 2 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if lag < 0 {
+			t.Fatal("ferry_inbox_consumer_lag not exported while Run was running")
+		}
+	})
 }
