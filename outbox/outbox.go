@@ -38,6 +38,12 @@ type Writer[TTx any] struct {
 	insert    string // the dialect's insert statement, rendered once
 	insertOne string // Postgres: the single-event form
 	seq       string // SQLite: the sequence upsert
+
+	// Postgres, caller-supplied versions of one aggregate, keyed by
+	// "creates the aggregate" (expected version 0): the multi- and
+	// single-event statements, and the read of the sequence after a conflict.
+	expected, expectedOne map[bool]string
+	lastSeq               string
 }
 
 type config struct {
@@ -125,6 +131,9 @@ func New[TTx any](drv driver.Driver[TTx], opts ...Option) (*Writer[TTx], error) 
 	case driver.Postgres:
 		w.insert = postgresInsertSQL(cfg.tables, cfg.notify)
 		w.insertOne = postgresInsertOneSQL(cfg.tables, cfg.notify)
+		w.expected = map[bool]string{false: postgresExpectedSQL(cfg.tables, cfg.notify, false), true: postgresExpectedSQL(cfg.tables, cfg.notify, true)}
+		w.expectedOne = map[bool]string{false: postgresExpectedOneSQL(cfg.tables, cfg.notify, false), true: postgresExpectedOneSQL(cfg.tables, cfg.notify, true)}
+		w.lastSeq = fmt.Sprintf(`SELECT last_seq FROM %s WHERE tenant_id = $1 AND aggregate_type = $2 AND aggregate_id = $3`, cfg.tables.Name("aggregate_seq"))
 	case driver.SQLite:
 		w.insert = sqliteInsertSQL(cfg.tables)
 		w.seq = sqliteSeqSQL(cfg.tables)
@@ -212,6 +221,14 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 		return nil, err
 	}
 	if plan.expected {
+		if exec.Dialect() == driver.Postgres && len(plan.aggs) == 1 {
+			// One aggregate: one statement that writes nothing on a
+			// mismatch, so no savepoint is needed.
+			if err := w.writePostgresExpected(ctx, exec, out); err != nil {
+				return nil, w.mapWriteErr(err)
+			}
+			return out, nil
+		}
 		// A caller-supplied version may not match: run under a savepoint so
 		// a mismatch undoes the sequence bump too and nothing is written.
 		return w.insertChecked(ctx, exec, out, plan)
@@ -305,12 +322,22 @@ func (w *Writer[TTx]) write(ctx context.Context, exec driver.Executor, events []
 	default:
 		err = fmt.Errorf("outbox: unsupported dialect %q", exec.Dialect())
 	}
+	return w.mapWriteErr(err)
+}
+
+// mapWriteErr wraps a write's error: a duplicate event id as
+// ErrDuplicateEventID, a sequence conflict unchanged.
+func (w *Writer[TTx]) mapWriteErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var sc *ferry.SequenceConflictError
+	if errors.As(err, &sc) {
+		return err
+	}
 	var uv *driver.UniqueViolationError
 	if errors.As(err, &uv) && strings.Contains(uv.Constraint, "event_id") {
 		return fmt.Errorf("outbox: %w: %w", ferry.ErrDuplicateEventID, err)
 	}
-	if err != nil {
-		return fmt.Errorf("outbox: insert: %w", err)
-	}
-	return nil
+	return fmt.Errorf("outbox: insert: %w", err)
 }

@@ -20,6 +20,14 @@ import (
 	"github.com/ferryhq/ferry/outbox"
 )
 
+// versioned returns an order event of aggregate agg with a caller-supplied
+// version.
+func versioned(agg string, seq int64) ferry.Event {
+	e := orderEvent(agg)
+	e.AggregateSeq = seq
+	return e
+}
+
 // Harness is one fresh, empty database for one test.
 type Harness[TTx any] struct {
 	Driver driver.Driver[TTx]
@@ -242,11 +250,7 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T) Harness[TTx]) {
 	t.Run("ExpectedVersion", func(t *testing.T) {
 		h, w := setup(t)
 		ctx := context.Background()
-		ev := func(seq int64) ferry.Event {
-			e := orderEvent("o-1")
-			e.AggregateSeq = seq
-			return e
-		}
+		ev := func(seq int64) ferry.Event { return versioned("o-1", seq) }
 		if _, err := w.Insert(ctx, ev(1), ev(2)); err != nil {
 			t.Fatalf("matching versions: %v", err)
 		}
@@ -282,6 +286,65 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T) Harness[TTx]) {
 		}
 		if _, err := w.Insert(ctx, ev(4), orderEvent("o-1")); !errors.Is(err, ferry.ErrInvalidEvent) {
 			t.Fatalf("mixed supplied/allocated in one aggregate: err = %v, want ErrInvalidEvent", err)
+		}
+	})
+
+	// One aggregate with supplied versions (on Postgres: one statement, no
+	// savepoint): a mismatch writes nothing, names the next version, and
+	// leaves the caller's transaction usable.
+	t.Run("ExpectedVersionOneAggregate", func(t *testing.T) {
+		h, w := setup(t)
+		ctx := context.Background()
+		ev := func(seq int64) ferry.Event { return versioned("o-1", seq) }
+		conflict := func(err error, expected, next int64) error {
+			var sc *ferry.SequenceConflictError
+			if !errors.Is(err, ferry.ErrSequenceConflict) || !errors.As(err, &sc) || sc.Expected != expected || sc.Next != next ||
+				sc.AggregateID != "o-1" {
+				return fmt.Errorf("err = %v, want ErrSequenceConflict expected %d next %d", err, expected, next)
+			}
+			return nil
+		}
+		if out, err := w.Insert(ctx, ev(1)); err != nil || out[0].AggregateSeq != 1 {
+			t.Fatalf("create with version 1: %v %+v", err, out)
+		}
+		if _, err := w.Insert(ctx, ev(1)); conflict(err, 1, 2) != nil {
+			t.Fatalf("creating an existing aggregate: %v", conflict(err, 1, 2))
+		}
+		if out, err := w.Insert(ctx, ev(2), ev(3)); err != nil || out[0].AggregateSeq != 2 || out[1].AggregateSeq != 3 {
+			t.Fatalf("versions 2, 3: %v %+v", err, out)
+		}
+		err := InTx(ctx, h.Driver, func(ttx TTx, exec driver.Executor) error {
+			if _, err := w.InsertTx(ctx, ttx, ev(3)); conflict(err, 3, 4) != nil {
+				return fmt.Errorf("stale: %w", conflict(err, 3, 4))
+			}
+			if _, err := w.InsertTx(ctx, ttx, ev(9)); conflict(err, 9, 4) != nil {
+				return fmt.Errorf("future: %w", conflict(err, 9, 4))
+			}
+			// Still usable: the right version goes through in the same
+			// transaction, with a business write.
+			if _, err := exec.Exec(ctx, `INSERT INTO orders (id, tenant) VALUES ($1, $2)`, "o-1", "acme"); err != nil {
+				return err
+			}
+			out, err := w.InsertTx(ctx, ttx, ev(4))
+			if err != nil || out[0].AggregateSeq != 4 {
+				return fmt.Errorf("version 4 after conflicts: %v %+v", err, out)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := ReadOutbox(t, h.Driver.Executor(), h.Tables)
+		if len(rows) != 4 {
+			t.Fatalf("outbox has %d rows, want 4 (conflicts wrote nothing)", len(rows))
+		}
+		for i, r := range rows {
+			if r.Seq != int64(i+1) {
+				t.Fatalf("row %d has seq %d: %+v", i, r.Seq, rows)
+			}
+		}
+		if out, err := w.Insert(ctx, orderEvent("o-1")); err != nil || out[0].AggregateSeq != 5 {
+			t.Fatalf("allocated after supplied: %v %+v; want seq 5", err, out)
 		}
 	})
 
