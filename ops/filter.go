@@ -1,11 +1,14 @@
 package ops
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/ferryhq/ferry/driver"
 )
 
 // Limits on filters, so one command cannot build an unbounded statement or
@@ -158,4 +161,34 @@ func (o *Ops) outboxWhere(w *where, f Filter, now time.Time) {
 	if !f.Until.IsZero() {
 		w.add("created_at < ?", f.Until.UTC())
 	}
+}
+
+// updateIDs runs UPDATE table SET set WHERE id IN (ids) AND guard inside tx
+// and fails unless exactly len(ids) rows changed: a row changed between the
+// action's read and its write makes the whole action roll back. set may hold
+// ? placeholders for setArgs.
+func (o *Ops) updateIDs(ctx context.Context, tx driver.Executor, action, table, set string, setArgs []any, ids []any, guard string) error {
+	u := &where{}
+	u.add(set, setArgs...)
+	setSQL := u.conds[0]
+	u.conds = nil
+	u.in("id", ids)
+	u.add(guard)
+	n, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s SET %s WHERE %s`, o.t(table), setSQL, strings.Join(u.conds, " AND ")), u.args...)
+	if err != nil {
+		return fmt.Errorf("ops: %s: %w", action, err)
+	}
+	if n != int64(len(ids)) {
+		return fmt.Errorf("ops: %s: changed %d rows, expected %d (rows changed concurrently); nothing was committed, run it again", action, n, len(ids))
+	}
+	return nil
+}
+
+// batch cuts rows read with LIMIT limit+1 to limit and returns them, whether
+// more rows matched, and the preview sample.
+func batch[T any](rows []T, limit int) (_ []T, more bool, sample []T) {
+	if len(rows) > limit {
+		rows, more = rows[:limit], true
+	}
+	return rows, more, rows[:min(len(rows), SampleSize)]
 }

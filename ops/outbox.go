@@ -3,7 +3,6 @@ package ops
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -245,12 +244,8 @@ func (o *Ops) runOutboxAction(ctx context.Context, f Filter, a Approval, act out
 		if err != nil {
 			return err
 		}
-		if len(ms) > limit {
-			res.More = true
-			ms = ms[:limit]
-		}
+		ms, res.More, res.Sample = batch(ms, limit)
 		res.Rows = int64(len(ms))
-		res.Sample = ms[:min(len(ms), SampleSize)]
 		if !a.Approve {
 			return nil // dry run: read only, rolled back
 		}
@@ -269,18 +264,8 @@ func (o *Ops) runOutboxAction(ctx context.Context, f Filter, a Approval, act out
 			return nil
 		}
 		set, setArgs := act.update(now, auditID)
-		u := &where{}
-		u.add(set, setArgs...)
-		setSQL := u.conds[0]
-		u.conds = nil
-		u.in("id", rowIDs)
-		u.add(string(act.set))
-		n, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s SET %s WHERE %s`, o.t("outbox"), setSQL, strings.Join(u.conds, " AND ")), u.args...)
-		if err != nil {
-			return fmt.Errorf("ops: %s: %w", act.name, err)
-		}
-		if n != res.Rows {
-			return fmt.Errorf("ops: %s: changed %d rows, expected %d (rows changed concurrently); nothing was committed, run it again", act.name, n, res.Rows)
+		if err := o.updateIDs(ctx, tx, act.name, "outbox", set, setArgs, rowIDs, string(act.set)); err != nil {
+			return err
 		}
 		return nil
 	})

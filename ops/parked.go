@@ -277,11 +277,8 @@ func (o *Ops) requestParked(ctx context.Context, f ParkedFilter, a Approval, kin
 		if err != nil {
 			return err
 		}
-		if len(ps) > limit {
-			res.More, ps = true, ps[:limit]
-		}
+		ps, res.More, res.Sample = batch(ps, limit)
 		res.Rows = int64(len(ps))
-		res.Sample = ps[:min(len(ps), SampleSize)]
 		if !a.Approve {
 			return nil
 		}
@@ -304,18 +301,9 @@ func (o *Ops) requestParked(ctx context.Context, f ParkedFilter, a Approval, kin
 		if len(ps) == 0 {
 			return nil
 		}
-		u := &where{}
-		u.add("replay_requested_at = ?, replay_request = ?, replay_audit_id = ?", now, kind, auditID)
-		set := u.conds[0]
-		u.conds = nil
-		u.in("id", keys)
-		u.add("resolved_at IS NULL")
-		n, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s SET %s WHERE %s`, o.t("inbox_parked"), set, strings.Join(u.conds, " AND ")), u.args...)
-		if err != nil {
-			return fmt.Errorf("ops: %s: %w", action, err)
-		}
-		if n != res.Rows {
-			return fmt.Errorf("ops: %s: marked %d rows, expected %d (rows changed concurrently); nothing was committed, run it again", action, n, res.Rows)
+		if err := o.updateIDs(ctx, tx, action, "inbox_parked", "replay_requested_at = ?, replay_request = ?, replay_audit_id = ?",
+			[]any{now, kind, auditID}, keys, "resolved_at IS NULL"); err != nil {
+			return err
 		}
 		return nil
 	})

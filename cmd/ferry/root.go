@@ -23,7 +23,7 @@ environment, e.g. FERRY_DATABASE_URL.`,
 		newBenchCmd(),
 		newRelayCmd(),
 		newProveCmd(),
-		newStatusCmd(), newDLQCmd(), newParkedCmd(), newReplayCmd(), newCleanupCmd(), newEvidenceCmd(),
+		newStatusCmd(), newDLQCmd(), newParkedCmd(), newReplayCmd(), newCleanupCmd(), newEvidenceCmd(), newEffectsCmd(),
 	)
 	return root
 }

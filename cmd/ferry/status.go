@@ -154,21 +154,28 @@ func printResult(w io.Writer, asJSON bool, res ops.Result) error {
 	if asJSON {
 		return printJSON(w, res)
 	}
-	if res.DryRun {
-		fmt.Fprintf(w, "DRY RUN %s: %d row(s) would change. Re-run with --approve --reason \"…\" to act.\n", res.Action, res.Rows)
+	printAction(w, res.Action, "row(s) would change", "row(s) changed", res.DryRun, res.Rows, res.AuditID, res.More, len(res.Sample),
+		func() { printOutboxRows(w, res.Sample) })
+	return nil
+}
+
+// printAction prints what an action would do (dry run) or did, and a
+// sample of its rows.
+func printAction(w io.Writer, action, wouldDo, did string, dryRun bool, rows, auditID int64, more bool, sample int, printSample func()) {
+	if dryRun {
+		fmt.Fprintf(w, "DRY RUN %s: %d %s. Re-run with --approve --reason \"…\" to act.\n", action, rows, wouldDo)
 	} else {
-		fmt.Fprintf(w, "%s: %d row(s) changed (audit #%d).\n", res.Action, res.Rows, res.AuditID)
+		fmt.Fprintf(w, "%s: %d %s (audit #%d).\n", action, rows, did, auditID)
 	}
-	if res.More {
+	if more {
 		fmt.Fprintln(w, "More rows match than this run's --limit: run it again for the rest.")
 	}
-	if len(res.Sample) > 0 {
-		printOutboxRows(w, res.Sample)
-		if int64(len(res.Sample)) < res.Rows {
-			fmt.Fprintf(w, "… and %d more\n", res.Rows-int64(len(res.Sample)))
+	if sample > 0 {
+		printSample()
+		if int64(sample) < rows {
+			fmt.Fprintf(w, "… and %d more\n", rows-int64(sample))
 		}
 	}
-	return nil
 }
 
 func printOutboxRows(w io.Writer, ms []ops.OutboxMessage) {
