@@ -89,3 +89,24 @@ func (e *UniqueViolationError) Is(target error) bool { return target == ErrUniqu
 // dialects accept $n, so it returns sql unchanged; it exists so a future
 // dialect (MySQL) changes one function.
 func Rebind(_ Dialect, sql string) string { return sql }
+
+// QueryRow runs sql on exec and scans its first row into dest. found is
+// false, and dest untouched, when there is no row; further rows are
+// ignored. The rows are closed before their error is read, so an error the
+// statement raised after its first row (a data-modifying statement) is
+// returned too.
+func QueryRow(ctx context.Context, exec Executor, sql string, args []any, dest ...any) (found bool, err error) {
+	rows, err := exec.Query(ctx, sql, args...)
+	if err != nil {
+		return false, err
+	}
+	found = rows.Next()
+	if found {
+		err = rows.Scan(dest...)
+	}
+	rows.Close()
+	if err != nil {
+		return found, err
+	}
+	return found, rows.Err()
+}

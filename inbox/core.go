@@ -210,21 +210,11 @@ func decide(hasPrev bool, prevFP, fp []byte, ordering, anyStart bool, last, seq 
 // queryRow scans the first row of a query into dest; found (if not nil)
 // says whether there was one.
 func queryRow(ctx context.Context, exec driver.Executor, sql string, args []any, found *bool, dest ...any) error {
-	rows, err := exec.Query(ctx, sql, args...)
-	if err != nil {
-		return err
+	ok, err := driver.QueryRow(ctx, exec, sql, args, dest...)
+	if found != nil && ok {
+		*found = true
 	}
-	defer rows.Close()
-	if rows.Next() {
-		if found != nil {
-			*found = true
-		}
-		if err := rows.Scan(dest...); err != nil {
-			return err
-		}
-	}
-	rows.Close()
-	return rows.Err()
+	return err
 }
 
 // stepKind is the result of running the inbox over one message inside a

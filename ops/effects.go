@@ -66,18 +66,7 @@ func (f EffectFilter) check() error {
 }
 
 // EffectResult is the outcome of RequeueFailedEffects.
-type EffectResult struct {
-	Action string `json:"action"`
-	DryRun bool   `json:"dry_run"`
-	// Rows is how many rows match (dry run) or were changed (approved).
-	Rows int64 `json:"rows"`
-	// More is true when more rows match than the limit: run it again.
-	More bool `json:"more"`
-	// Sample shows up to SampleSize of the rows, oldest first.
-	Sample []FailedEffect `json:"sample,omitempty"`
-	// AuditID is the audit row written by an approved action.
-	AuditID int64 `json:"audit_id,omitempty"`
-}
+type EffectResult = ActionResult[FailedEffect]
 
 func (o *Ops) effectWhere(w *where, f EffectFilter) {
 	w.add("state = 'failed'")

@@ -210,21 +210,11 @@ func (o *Ops) columnExists(ctx context.Context, exec driver.Executor, base, col 
 
 // queryRow scans the first row of q into dest; ErrNotFound when none.
 func queryRow(ctx context.Context, exec driver.Executor, q string, args []any, dest ...any) error {
-	rows, err := exec.Query(ctx, q, args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	if !rows.Next() {
-		if err := rows.Err(); err != nil {
-			return err
-		}
+	found, err := driver.QueryRow(ctx, exec, q, args, dest...)
+	if err == nil && !found {
 		return ErrNotFound
 	}
-	if err := rows.Scan(dest...); err != nil {
-		return err
-	}
-	return rows.Err()
+	return err
 }
 
 // inTx runs fn in a transaction and commits when it returns nil.

@@ -145,8 +145,9 @@ func (o *Ops) Message(ctx context.Context, eventID string) (OutboxMessage, error
 	return ms[0], nil
 }
 
-// Result reports what an action did or, on a dry run, would do.
-type Result struct {
+// ActionResult reports what an action did or, on a dry run, would do, with
+// a sample of the rows of type T it matched.
+type ActionResult[T any] struct {
 	Action string `json:"action"`
 	DryRun bool   `json:"dry_run"`
 	// Rows is how many rows match (dry run) or were changed (approved).
@@ -155,10 +156,13 @@ type Result struct {
 	// again after this batch.
 	More bool `json:"more"`
 	// Sample shows up to SampleSize of the rows, oldest first.
-	Sample []OutboxMessage `json:"sample,omitempty"`
+	Sample []T `json:"sample,omitempty"`
 	// AuditID is the audit row written by an approved action.
 	AuditID int64 `json:"audit_id,omitempty"`
 }
+
+// Result is the result of an action on outbox rows (and of settings).
+type Result = ActionResult[OutboxMessage]
 
 // outboxAction is one mutation of matching outbox rows.
 type outboxAction struct {

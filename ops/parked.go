@@ -204,14 +204,7 @@ func (o *Ops) Parked(ctx context.Context, id int64) (ParkedMessage, error) {
 }
 
 // ParkedResult reports what a parked-message request did or would do.
-type ParkedResult struct {
-	Action  string          `json:"action"`
-	DryRun  bool            `json:"dry_run"`
-	Rows    int64           `json:"rows"`
-	More    bool            `json:"more"`
-	Sample  []ParkedMessage `json:"sample,omitempty"`
-	AuditID int64           `json:"audit_id,omitempty"`
-}
+type ParkedResult = ActionResult[ParkedMessage]
 
 // Replay request kinds stored in inbox_parked.replay_request.
 const (

@@ -219,46 +219,23 @@ func (w *Writer[TTx]) writePostgresExpected(ctx context.Context, exec driver.Exe
 	if err != nil {
 		return err
 	}
-	want := make([]int64, len(events))
-	for i := range events {
-		want[i] = events[i].AggregateSeq
-	}
-	n, err := scanSeqs(rows, events)
+	n, err := scanSeqs(rows, events) // on success the supplied versions come back unchanged
 	if err != nil {
 		return err
 	}
 	switch n {
 	case len(events):
-	case 0: // the sequence row did not hold the expected version
+		return nil
+	case 0: // the sequence row did not hold the expected version; nothing was written
 		var last int64
-		r, err := exec.Query(ctx, w.lastSeq, first.TenantID, first.AggregateType, first.AggregateID)
-		if err != nil {
+		if _, err := driver.QueryRow(ctx, exec, w.lastSeq, []any{first.TenantID, first.AggregateType, first.AggregateID}, &last); err != nil {
 			return fmt.Errorf("read sequence after conflict: %w", err)
-		}
-		if r.Next() {
-			err = r.Scan(&last)
-		}
-		if err == nil {
-			err = r.Err()
-		}
-		r.Close()
-		if err != nil {
-			return fmt.Errorf("read sequence after conflict: %w", err)
-		}
-		for i := range events {
-			events[i].AggregateSeq = want[i]
 		}
 		return &ferry.SequenceConflictError{TenantID: first.TenantID, AggregateType: first.AggregateType, AggregateID: first.AggregateID,
-			Expected: want[0], Next: last + 1}
+			Expected: first.AggregateSeq, Next: last + 1}
 	default:
 		return fmt.Errorf("returned %d rows for %d events", n, len(events))
 	}
-	for i := range events {
-		if events[i].AggregateSeq != want[i] { // cannot happen: seq = expected + position
-			return fmt.Errorf("allocated seq %d for supplied %d", events[i].AggregateSeq, want[i])
-		}
-	}
-	return nil
 }
 
 // postgresArrays returns the array arguments $1…$18 of the multi-event

@@ -28,19 +28,8 @@ RETURNING last_seq`, t.Name("aggregate_seq"))
 func (w *Writer[TTx]) writeSQLite(ctx context.Context, exec driver.Executor, events []ferry.Event, plan batchPlan) error {
 	last := make(map[aggKey]int64, len(plan.aggs))
 	for _, k := range plan.aggs {
-		rows, err := exec.Query(ctx, w.seq, k.tenant, k.typ, k.id, plan.count[k])
-		if err != nil {
-			return err
-		}
 		var v int64
-		if rows.Next() {
-			err = rows.Scan(&v)
-		}
-		if err == nil {
-			err = rows.Err()
-		}
-		rows.Close()
-		if err != nil {
+		if _, err := driver.QueryRow(ctx, exec, w.seq, []any{k.tenant, k.typ, k.id, plan.count[k]}, &v); err != nil {
 			return err
 		}
 		last[k] = v

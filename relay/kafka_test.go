@@ -131,21 +131,7 @@ func TestKafkaOutage(t *testing.T) {
 	waitFor(t, 5*time.Second, "backlog visible in the gauges", func() bool {
 		return gauge(r.m.pending) == 100 && gauge(r.m.oldestAge) >= 1.5
 	})
-	p1, g1 := pub.calls()
-	outage := time.Since(start)
-	if d := s.count(t, "dead"); d != 0 {
-		t.Fatalf("%d rows dead during the outage", d)
-	}
-	for id, row := range s.rows(t) {
-		if row.attempts != 0 {
-			t.Fatalf("row %s charged %d attempts during the outage", id, row.attempts)
-		}
-	}
-	maxPublish, maxPings := outageBound(outage)
-	if p1-p0 > maxPublish || g1-g0 > maxPings {
-		t.Fatalf("during a %s outage: %d publish calls, %d pings; want <= %d and <= %d", outage, p1-p0, g1-g0, maxPublish, maxPings)
-	}
-	t.Logf("kafka outage %s: %d publish calls, %d pings", outage.Round(time.Millisecond), p1-p0, g1-g0)
+	checkOutageHeld(t, s, pub, p0, g0, start, "kafka")
 
 	var port int
 	if _, err := fmt.Sscanf(addrs[0][len("127.0.0.1:"):], "%d", &port); err != nil {

@@ -4,8 +4,6 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
-
-	"github.com/ferryhq/ferry/ops"
 )
 
 func newDLQCmd() *cobra.Command {
@@ -46,17 +44,7 @@ func newDLQListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.json {
-				if ms == nil {
-					ms = []ops.OutboxMessage{}
-				}
-				return printJSON(cmd.OutOrStdout(), ms)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%d dead letter(s)\n", len(ms))
-			if len(ms) > 0 {
-				printOutboxRows(cmd.OutOrStdout(), ms)
-			}
-			return nil
+			return printList(cmd.OutOrStdout(), f.json, ms, "dead letter(s)", printOutboxRows)
 		},
 	}
 	f.register(cmd)

@@ -70,17 +70,7 @@ func newEffectsFailedCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.json {
-				if es == nil {
-					es = []ops.FailedEffect{}
-				}
-				return printJSON(cmd.OutOrStdout(), es)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%d failed effect(s)\n", len(es))
-			if len(es) > 0 {
-				printEffectRows(cmd.OutOrStdout(), es)
-			}
-			return nil
+			return printList(cmd.OutOrStdout(), f.json, es, "failed effect(s)", printEffectRows)
 		},
 	}
 	f.register(cmd)
@@ -106,13 +96,7 @@ func newEffectsRequeueCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			w := cmd.OutOrStdout()
-			if f.json {
-				return printJSON(w, res)
-			}
-			printAction(w, res.Action, "intent(s) would be requeued", "intent(s) requeued", res.DryRun, res.Rows, res.AuditID, res.More, len(res.Sample),
-				func() { printEffectRows(w, res.Sample) })
-			return nil
+			return printAction(cmd.OutOrStdout(), f.json, res, "intent(s) would be requeued", "intent(s) requeued", printEffectRows)
 		},
 	}
 	f.register(cmd)

@@ -103,17 +103,7 @@ func newParkedListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.json {
-				if ps == nil {
-					ps = []ops.ParkedMessage{}
-				}
-				return printJSON(cmd.OutOrStdout(), ps)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%d parked message(s)\n", len(ps))
-			if len(ps) > 0 {
-				printParked(cmd.OutOrStdout(), ps)
-			}
-			return nil
+			return printList(cmd.OutOrStdout(), f.json, ps, "parked message(s)", printParked)
 		},
 	}
 	f.register(cmd)
@@ -183,22 +173,8 @@ func newParkedRequestCmd(kind string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.json {
-				return printJSON(cmd.OutOrStdout(), res)
-			}
-			w := cmd.OutOrStdout()
-			if res.DryRun {
-				fmt.Fprintf(w, "DRY RUN %s: %d parked message(s) would be handed to their consumer. Re-run with --approve --reason \"…\" to act.\n", res.Action, res.Rows)
-			} else {
-				fmt.Fprintf(w, "%s: %d parked message(s) marked (audit #%d); the consumer replays them through its checks on its next pass.\n", res.Action, res.Rows, res.AuditID)
-			}
-			if res.More {
-				fmt.Fprintln(w, "More rows match than this run's --limit: run it again for the rest.")
-			}
-			if len(res.Sample) > 0 {
-				printParked(w, res.Sample)
-			}
-			return nil
+			return printAction(cmd.OutOrStdout(), f.json, res, "parked message(s) would be handed to their consumer",
+				"parked message(s) marked; the consumer replays them through its checks on its next pass", printParked)
 		},
 	}
 	f.register(cmd)

@@ -151,31 +151,46 @@ func ts(t *time.Time) string {
 // printResult prints an action's result: what would change (dry run) or
 // what changed, with a sample of the rows.
 func printResult(w io.Writer, asJSON bool, res ops.Result) error {
-	if asJSON {
-		return printJSON(w, res)
-	}
-	printAction(w, res.Action, "row(s) would change", "row(s) changed", res.DryRun, res.Rows, res.AuditID, res.More, len(res.Sample),
-		func() { printOutboxRows(w, res.Sample) })
-	return nil
+	return printAction(w, asJSON, res, "row(s) would change", "row(s) changed", printOutboxRows)
 }
 
 // printAction prints what an action would do (dry run) or did, and a
-// sample of its rows.
-func printAction(w io.Writer, action, wouldDo, did string, dryRun bool, rows, auditID int64, more bool, sample int, printSample func()) {
-	if dryRun {
-		fmt.Fprintf(w, "DRY RUN %s: %d %s. Re-run with --approve --reason \"…\" to act.\n", action, rows, wouldDo)
-	} else {
-		fmt.Fprintf(w, "%s: %d %s (audit #%d).\n", action, rows, did, auditID)
+// sample of its rows; wouldDo and did finish "<n> …".
+func printAction[T any](w io.Writer, asJSON bool, res ops.ActionResult[T], wouldDo, did string, printRows func(io.Writer, []T)) error {
+	if asJSON {
+		return printJSON(w, res)
 	}
-	if more {
+	if res.DryRun {
+		fmt.Fprintf(w, "DRY RUN %s: %d %s. Re-run with --approve --reason \"…\" to act.\n", res.Action, res.Rows, wouldDo)
+	} else {
+		fmt.Fprintf(w, "%s: %d %s (audit #%d).\n", res.Action, res.Rows, did, res.AuditID)
+	}
+	if res.More {
 		fmt.Fprintln(w, "More rows match than this run's --limit: run it again for the rest.")
 	}
-	if sample > 0 {
-		printSample()
-		if int64(sample) < rows {
-			fmt.Fprintf(w, "… and %d more\n", rows-int64(sample))
+	if len(res.Sample) > 0 {
+		printRows(w, res.Sample)
+		if int64(len(res.Sample)) < res.Rows {
+			fmt.Fprintf(w, "… and %d more\n", res.Rows-int64(len(res.Sample)))
 		}
 	}
+	return nil
+}
+
+// printList prints rows of a list command: JSON (an empty array, never
+// null) or a count line and a table.
+func printList[T any](w io.Writer, asJSON bool, rows []T, noun string, printRows func(io.Writer, []T)) error {
+	if asJSON {
+		if rows == nil {
+			rows = []T{}
+		}
+		return printJSON(w, rows)
+	}
+	fmt.Fprintf(w, "%d %s\n", len(rows), noun)
+	if len(rows) > 0 {
+		printRows(w, rows)
+	}
+	return nil
 }
 
 func printOutboxRows(w io.Writer, ms []ops.OutboxMessage) {

@@ -472,21 +472,11 @@ func InTx[TTx any](ctx context.Context, drv driver.Driver[TTx], fn func(TTx, dri
 }
 
 func scanOne(ctx context.Context, exec driver.Executor, q string, args []any, dest ...any) error {
-	rows, err := exec.Query(ctx, q, args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	if !rows.Next() {
-		if err := rows.Err(); err != nil {
-			return err
-		}
+	found, err := driver.QueryRow(ctx, exec, q, args, dest...)
+	if err == nil && !found {
 		return fmt.Errorf("no rows for %q", q)
 	}
-	if err := rows.Scan(dest...); err != nil {
-		return err
-	}
-	return rows.Err()
+	return err
 }
 
 // Row is an outbox row as the tests read it back.
