@@ -22,12 +22,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(m, append(testenv.KnownLibraryLeaks(),
 		// database/sql's connection opener and pgxpool's health check are
 		// the libraries' own, stopped by Close in cleanup.
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
 		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-	)
+	)...)
 }
 
 // store is one real database a test runs against, through database/sql

@@ -4,10 +4,12 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/ferryhq/ferry/internal/testenv"
 )
 
 // Relays, embedded NATS servers and pools started by the tests must all be
 // gone when the tests end.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testenv.KnownLibraryLeaks()...)
 }

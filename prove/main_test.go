@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/ferryhq/ferry/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -21,17 +23,11 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(m, append(testenv.KnownLibraryLeaks(),
 		// nats-server and pgx keep package-level background goroutines.
 		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
 		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
 		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		// nats.go v1.55 race: the first PublishAsync starts this goroutine,
-		// which reads publisher.connStatusCh under the lock only once it
-		// runs; a CleanupPublisher (broker/natsjs Close) in between sets the
-		// channel to nil and the goroutine blocks on a nil channel forever.
-		// Seen once in a full run; the goroutine is nats.go's own.
-		goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"),
-	)
+	)...)
 }

@@ -21,7 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testenv.KnownLibraryLeaks()...)
 }
 
 // TestPublishesAndMarks is the basic cycle on Postgres and SQLite: every

@@ -15,7 +15,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testenv.KnownLibraryLeaks()...)
 }
 
 // server is one NATS server a test runs against.

@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/ferryhq/ferry/internal/testenv"
+
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/relay/cdc"
 )
@@ -19,7 +21,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testenv.KnownLibraryLeaks()...)
 }
 
 func TestNewValidatesConfig(t *testing.T) {
