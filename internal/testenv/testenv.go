@@ -122,7 +122,13 @@ type PostgresSchema struct {
 // schema, and registers cleanup that closes the pool and drops the schema.
 func NewPostgresSchema(t testing.TB) *PostgresSchema {
 	t.Helper()
-	base := PostgresURL(t)
+	return NewPostgresSchemaAt(t, PostgresURL(t))
+}
+
+// NewPostgresSchemaAt is NewPostgresSchema on the server at base (e.g. a
+// ThrowawayPostgres's URL).
+func NewPostgresSchemaAt(t testing.TB, base string) *PostgresSchema {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	schema := "ferry_test_" + randHex(6)

@@ -50,7 +50,13 @@ func randName(prefix string) string {
 
 func newHarness(t testing.TB) *harness {
 	t.Helper()
-	s := testenv.NewPostgresSchema(t)
+	return newHarnessOn(t, testenv.NewPostgresSchema(t))
+}
+
+// newHarnessOn is newHarness in a schema of the caller's choosing (e.g. on
+// a throwaway cluster).
+func newHarnessOn(t testing.TB, s *testenv.PostgresSchema) *harness {
+	t.Helper()
 	ctx := context.Background()
 	tables := ferry.Tables{Schema: s.Schema}
 	if _, err := migrate.Up(ctx, pgxv5.New(s.Pool), tables); err != nil {

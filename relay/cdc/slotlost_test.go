@@ -3,13 +3,13 @@ package cdc_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/relay/cdc"
 )
 
@@ -20,15 +20,24 @@ import (
 // row committed meanwhile. TestSlotDroppedWhileStopped covers the dropped
 // slot and its negative control; this one covers the invalidation path.
 //
-// It changes a server-wide setting, which would invalidate the slots of CDC
-// tests running at the same time, so it runs only when
-// FERRY_TEST_PG_EXCLUSIVE=1; .ci/run runs it alone after the suite.
+// It changes a server-wide setting (ALTER SYSTEM), which would invalidate
+// the slots of CDC tests running at the same time, so it runs on a
+// throwaway Postgres cluster of its own (initdb in a temp dir, its own
+// port, removed afterwards), never on the shared server.
 func TestSlotInvalidatedByWALLimit(t *testing.T) {
-	if os.Getenv("FERRY_TEST_PG_EXCLUSIVE") != "1" {
-		t.Skip("changes max_slot_wal_keep_size server-wide: runs alone with FERRY_TEST_PG_EXCLUSIVE=1 (.ci/run does)")
+	if testing.Short() {
+		t.Skip("-short: starts a Postgres cluster of its own")
 	}
 	ctx := context.Background()
-	h := newHarness(t)
+	pg := testenv.NewThrowawayPostgres(t, map[string]string{
+		"wal_level":             "logical",
+		"max_replication_slots": "8",
+		"max_wal_senders":       "8",
+		"max_wal_size":          "32MB",
+		"min_wal_size":          "32MB",
+	})
+	t.Logf("throwaway Postgres on port %d", pg.Port)
+	h := newHarnessOn(t, testenv.NewPostgresSchemaAt(t, pg.URL))
 	pool := h.s.Pool
 	n := startNATS(t, 0)
 	_, stop := h.start(n.publisher())
