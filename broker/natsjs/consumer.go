@@ -16,8 +16,17 @@ import (
 
 // Defaults of the consumer options.
 const (
-	DefaultAckWait       = 30 * time.Second
-	DefaultMaxAckPending = 1000
+	// DefaultAckWait is how long the server keeps a delivered message of a
+	// consumer that stopped answering before redelivering it: the recovery
+	// time of a SIGKILLed consumer's messages. A live Consumer keeps its
+	// unsettled messages alive (InProgress every AckWait/3), so a slow
+	// transaction or a long queue is not redelivered meanwhile.
+	DefaultAckWait = 5 * time.Second
+	// DefaultMaxAckPending leaves room for a few crashed consumers: each
+	// holds up to the inbox's in-flight bound (8 × (64 + 1) + 256 = 776 with
+	// the defaults) until its ack wait expires, and a restarted consumer
+	// receives only what is left below this cap.
+	DefaultMaxAckPending = 4096
 	DefaultPullBatch     = 256
 )
 
@@ -34,11 +43,22 @@ type Consumer struct {
 	stream   string
 	durable  string
 	batch    int
+	ackWait  time.Duration
+	maxAck   int
 	ownsConn bool
+	cfg      consumerConfig
 
 	mu     sync.Mutex
 	closed bool
 	done   chan struct{}
+
+	// unsettled holds every delivered message not yet acked or nacked:
+	// kept alive while the Consumer lives, nacked by Close.
+	umu       sync.Mutex
+	unsettled map[uint64]jetstream.Msg
+	nextID    uint64
+	keepalive sync.WaitGroup
+	running   sync.WaitGroup // Consume calls, which Close waits for
 }
 
 // ConsumerOption configures NewConsumer.
@@ -50,12 +70,21 @@ type consumerConfig struct {
 	maxAckPending int
 	filter        string
 	batch         int
+
+	// Negative controls (this package's tests only).
+	noKeepAlive bool // never send InProgress
+	noNakOnStop bool // leave unfinished messages to AckWait, as before
 }
 
 // WithAckWait is how long the server waits for an ack before redelivering
-// (default 30s). It must exceed the consumer transaction's worst case, or
-// messages are redelivered while still being applied (the inbox dedups
-// them, at the cost of wasted work).
+// (default 5s). While the Consumer lives it sends InProgress for every
+// unsettled message each AckWait/3, so the wait is a liveness timeout, not
+// a bound on the transaction: it is how long the messages of a consumer
+// that died without Close (SIGKILL, lost host) stay with it before another
+// consumer receives them. Shorter recovers faster; each held message costs
+// one InProgress per AckWait/3, and a process paused longer than AckWait
+// (GC, SIGSTOP) sees its messages redelivered meanwhile (the inbox dedups
+// them).
 func WithAckWait(d time.Duration) ConsumerOption {
 	return func(c *consumerConfig) error {
 		if d < time.Second {
@@ -80,9 +109,13 @@ func WithMaxDeliver(n int) ConsumerOption {
 	}
 }
 
-// WithMaxAckPending bounds the delivered-but-unacked messages (default
-// 1000): the server stops delivering at the bound, which is the
-// consumer's back-pressure.
+// WithMaxAckPending bounds the delivered-but-unacked messages of the
+// durable, over all its clients (default 4096): the server stops
+// delivering at the bound. A consumer that dies without Close keeps its
+// unacked messages counted until AckWait expires, so keep the bound at two
+// or more times the inbox's in-flight bound (workers × (queue + batch) +
+// pull batch; inbox.Run warns otherwise), or a restarted consumer receives
+// nothing until then.
 func WithMaxAckPending(n int) ConsumerOption {
 	return func(c *consumerConfig) error {
 		if n < 1 {
@@ -107,7 +140,8 @@ func WithFilterSubject(filter string) ConsumerOption {
 
 // WithPullBatch is how many messages one pull request asks for (default
 // 256, capped at MaxAckPending). Messages pulled but not yet handed to the
-// handler when Consume stops are redelivered after AckWait.
+// handler when Consume stops are nacked at once, for immediate
+// redelivery.
 func WithPullBatch(n int) ConsumerOption {
 	return func(c *consumerConfig) error {
 		if n < 1 {
@@ -162,11 +196,91 @@ func NewConsumer(ctx context.Context, nc *nats.Conn, stream, durable string, opt
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: create consumer %q on stream %q: %w", durable, stream, err)
 	}
-	return &Consumer{
+	c := &Consumer{
 		nc: nc, js: js, cons: cons,
 		stream: stream, durable: durable, batch: cfg.batch,
-		done: make(chan struct{}),
-	}, nil
+		ackWait: cfg.ackWait, maxAck: cfg.maxAckPending, cfg: cfg,
+		done:      make(chan struct{}),
+		unsettled: map[uint64]jetstream.Msg{},
+	}
+	c.keepalive.Add(1)
+	go c.keepAlive()
+	return c, nil
+}
+
+// InFlightLimits reports the server's cap on delivered-but-unacked
+// messages (MaxAckPending), how many messages the client buffers ahead of
+// the handler (the pull batch) and how long the server keeps the messages
+// of a dead consumer before redelivering them (AckWait). inbox.Run checks
+// its in-flight bound against them.
+func (c *Consumer) InFlightLimits() (maxUnacked, buffered int, redeliverAfter time.Duration) {
+	return c.maxAck, c.batch, c.ackWait
+}
+
+// keepAlive sends InProgress for every unsettled message each AckWait/3
+// until Close, so the server does not redeliver a message a live consumer
+// still holds.
+func (c *Consumer) keepAlive() {
+	defer c.keepalive.Done()
+	t := time.NewTicker(c.ackWait / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+			if c.cfg.noKeepAlive {
+				continue
+			}
+			for _, m := range c.unsettledMsgs() {
+				_ = m.InProgress() // best effort: a lost one only means an early redelivery
+			}
+		}
+	}
+}
+
+func (c *Consumer) track(msg jetstream.Msg) (untrack func()) {
+	c.umu.Lock()
+	defer c.umu.Unlock()
+	c.nextID++
+	id := c.nextID
+	c.unsettled[id] = msg
+	return func() {
+		c.umu.Lock()
+		delete(c.unsettled, id)
+		c.umu.Unlock()
+	}
+}
+
+func (c *Consumer) unsettledMsgs() []jetstream.Msg {
+	c.umu.Lock()
+	defer c.umu.Unlock()
+	out := make([]jetstream.Msg, 0, len(c.unsettled))
+	for _, m := range c.unsettled {
+		out = append(out, m)
+	}
+	return out
+}
+
+// nakUnsettled nacks (no delay) every message delivered and not settled,
+// and flushes, so the server redelivers them at once.
+func (c *Consumer) nakUnsettled() {
+	if c.cfg.noNakOnStop {
+		return
+	}
+	c.umu.Lock()
+	msgs := make([]jetstream.Msg, 0, len(c.unsettled))
+	for id, m := range c.unsettled {
+		msgs = append(msgs, m)
+		delete(c.unsettled, id)
+	}
+	c.umu.Unlock()
+	for _, m := range msgs {
+		_ = m.Nak()
+	}
+	if len(msgs) > 0 {
+		_ = c.nc.FlushTimeout(2 * time.Second)
+	}
 }
 
 // DialConsumer connects to url with Connect and returns a Consumer that
@@ -202,9 +316,14 @@ func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *br
 	if handle == nil {
 		return errors.New("natsjs: Consume: nil handler")
 	}
-	if c.isClosed() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
 		return errors.New("natsjs: Consume after Close")
 	}
+	c.running.Add(1)
+	c.mu.Unlock()
+	defer c.running.Done()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stopped := make(chan struct{})
@@ -221,7 +340,7 @@ func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *br
 	if err != nil {
 		return fmt.Errorf("natsjs: consume %q: %w", c.durable, err)
 	}
-	defer it.Stop()
+	defer c.nakBuffered(it)
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
@@ -231,6 +350,32 @@ func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *br
 			return fmt.Errorf("natsjs: consume %q: %w", c.durable, err)
 		}
 		handle(ctx, c.delivery(msg))
+	}
+}
+
+// nakBuffered stops the iterator and nacks the messages it had pulled but
+// not handed out, so they are redelivered at once instead of after
+// AckWait.
+func (c *Consumer) nakBuffered(it jetstream.MessagesContext) {
+	if c.cfg.noNakOnStop {
+		it.Stop()
+		return
+	}
+	it.Drain()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	n := 0
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			break
+		}
+		_ = msg.Nak()
+		n++
+	}
+	it.Stop()
+	if n > 0 {
+		_ = c.nc.FlushTimeout(2 * time.Second)
 	}
 }
 
@@ -257,13 +402,16 @@ func (c *Consumer) delivery(msg jetstream.Msg) *broker.Delivery {
 	if d.DecodeErr == nil {
 		d.Event.Topic = msg.Subject()
 	}
+	untrack := c.track(msg)
 	d.Ack = func(ctx context.Context) error {
+		untrack()
 		if err := msg.DoubleAck(ctx); err != nil {
 			return fmt.Errorf("natsjs: ack: %w", err)
 		}
 		return nil
 	}
 	d.Nack = func(ctx context.Context, delay time.Duration) error {
+		untrack()
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("natsjs: nack: %w", err)
 		}
@@ -298,18 +446,25 @@ func (c *Consumer) isClosed() bool {
 	return c.closed
 }
 
-// Close stops every running Consume (they return nil) and closes the
-// connection if the consumer owns it. The durable consumer stays on the
-// server, keeping its position; unacked messages are redelivered after
-// AckWait.
+// Close stops every running Consume (they return nil), nacks every
+// message delivered and not yet acked or nacked — so another consumer of
+// the durable receives them at once instead of after AckWait — and closes
+// the connection if the consumer owns it. Call it after inbox.Run has
+// returned: a message still in a transaction when Close nacks it is
+// redelivered while it commits (the inbox dedups it). The durable consumer
+// stays on the server, keeping its position.
 func (c *Consumer) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil
 	}
 	c.closed = true
 	close(c.done)
+	c.mu.Unlock()
+	c.keepalive.Wait()
+	c.running.Wait()
+	c.nakUnsettled()
 	if c.ownsConn {
 		c.nc.Close()
 	}
