@@ -1,11 +1,15 @@
 package deploy
 
 import (
+	"bytes"
 	_ "embed"
 	"encoding/json"
 	"fmt"
 	"regexp"
 	"sort"
+	"strings"
+
+	"gopkg.in/yaml.v3"
 )
 
 // AlertRulesYAML is deploy/prometheus/ferry-alerts.yml.
@@ -31,44 +35,45 @@ type Rule struct {
 // AlertRules parses AlertRulesYAML.
 func AlertRules() ([]Rule, error) { return ParseRules(AlertRulesYAML) }
 
-// ParseRules parses a Prometheus rule file (in the block-YAML subset this
-// package reads) and checks each rule has a name, an expression and a
-// severity label.
+// ParseRules parses a Prometheus rule file (gopkg.in/yaml.v3, unknown keys
+// refused) and checks each rule has a name, an expression, a severity
+// label and a summary annotation.
 func ParseRules(src []byte) ([]Rule, error) {
-	doc, err := parseYAML(string(src))
-	if err != nil {
-		return nil, err
+	var doc struct {
+		Groups []struct {
+			Name     string `yaml:"name"`
+			Interval string `yaml:"interval"`
+			Rules    []struct {
+				Alert       string            `yaml:"alert"`
+				Record      string            `yaml:"record"`
+				Expr        string            `yaml:"expr"`
+				For         string            `yaml:"for"`
+				Labels      map[string]string `yaml:"labels"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
 	}
-	root, ok := doc.(map[string]any)
-	if !ok {
-		return nil, fmt.Errorf("rules: top level is not a map")
+	dec := yaml.NewDecoder(bytes.NewReader(src))
+	dec.KnownFields(true)
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("rules: %w", err)
 	}
-	groups, ok := root["groups"].([]any)
-	if !ok || len(groups) == 0 {
+	if len(doc.Groups) == 0 {
 		return nil, fmt.Errorf("rules: no groups")
 	}
 	var out []Rule
-	for gi, g := range groups {
-		gm, ok := g.(map[string]any)
-		if !ok {
-			return nil, fmt.Errorf("rules: group %d is not a map", gi)
-		}
-		name, _ := gm["name"].(string)
-		rules, ok := gm["rules"].([]any)
-		if name == "" || !ok {
+	for gi, g := range doc.Groups {
+		if g.Name == "" || len(g.Rules) == 0 {
 			return nil, fmt.Errorf("rules: group %d needs a name and rules", gi)
 		}
-		for ri, r := range rules {
-			rm, ok := r.(map[string]any)
-			if !ok {
-				return nil, fmt.Errorf("rules: %s rule %d is not a map", name, ri)
+		for ri, r := range g.Rules {
+			if r.Record != "" {
+				return nil, fmt.Errorf("rules: %s rule %d is a recording rule; this file holds alerts only", g.Name, ri)
 			}
-			rule := Rule{Group: name, Labels: strMap(rm["labels"]), Annotations: strMap(rm["annotations"])}
-			rule.Alert, _ = rm["alert"].(string)
-			rule.Expr, _ = rm["expr"].(string)
-			rule.For, _ = rm["for"].(string)
+			rule := Rule{Group: g.Name, Alert: r.Alert, Expr: strings.TrimSpace(r.Expr), For: r.For,
+				Labels: r.Labels, Annotations: r.Annotations}
 			if rule.Alert == "" || rule.Expr == "" {
-				return nil, fmt.Errorf("rules: %s rule %d needs alert and expr", name, ri)
+				return nil, fmt.Errorf("rules: %s rule %d needs alert and expr", g.Name, ri)
 			}
 			if rule.Labels["severity"] == "" || rule.Annotations["summary"] == "" {
 				return nil, fmt.Errorf("rules: %s needs a severity label and a summary annotation", rule.Alert)
@@ -77,18 +82,6 @@ func ParseRules(src []byte) ([]Rule, error) {
 		}
 	}
 	return out, nil
-}
-
-func strMap(v any) map[string]string {
-	out := map[string]string{}
-	if m, ok := v.(map[string]any); ok {
-		for k, x := range m {
-			if s, ok := x.(string); ok {
-				out[k] = s
-			}
-		}
-	}
-	return out
 }
 
 // Panel is one dashboard panel's title and query expressions.

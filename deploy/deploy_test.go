@@ -3,14 +3,17 @@ package deploy
 import (
 	"context"
 	"database/sql"
+	"os"
+	"path/filepath"
 	"regexp"
-	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/proto"
+	"gopkg.in/yaml.v3"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
@@ -18,6 +21,7 @@ import (
 	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/effect"
 	"github.com/ferryhq/ferry/inbox"
+	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/ops"
 	"github.com/ferryhq/ferry/relay"
 	"github.com/ferryhq/ferry/relay/cdc"
@@ -216,68 +220,156 @@ func gauge(name string, v float64, labels ...string) *dto.MetricFamily {
 	return &dto.MetricFamily{Name: proto.String(name), Type: dto.MetricType_GAUGE.Enum(), Metric: []*dto.Metric{m}}
 }
 
-func TestEvalEveryRuleAndSemantics(t *testing.T) {
+func promtool(t *testing.T) string {
+	t.Helper()
+	p, err := Promtool()
+	if err != nil {
+		testenv.Unavailable(t, "%v", err)
+	}
+	return p
+}
+
+// TestAlertRuleUnitTests runs Prometheus's own rule checker and the rule
+// unit tests in prometheus/ferry-alerts_test.yml: each alert fires from
+// synthetic series once its "for" has passed, and resolves.
+func TestAlertRuleUnitTests(t *testing.T) {
+	tool := promtool(t)
+	dir := t.TempDir()
+	copyFile(t, "prometheus/ferry-alerts.yml", filepath.Join(dir, "ferry-alerts.yml"))
+	copyFile(t, "prometheus/ferry-alerts_test.yml", filepath.Join(dir, "ferry-alerts_test.yml"))
+	ctx := context.Background()
+	if err := runPromtool(ctx, tool, dir, "check", "rules", "ferry-alerts.yml"); err != nil {
+		t.Fatal(err)
+	}
+	if err := runPromtool(ctx, tool, dir, "test", "rules", "ferry-alerts_test.yml"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The unit tests can fail: a rule whose threshold drifted is caught.
+	src, err := os.ReadFile("prometheus/ferry-alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := strings.Replace(string(src), "(ferry_ops_outbox_oldest_pending_age_seconds) > 60", "(ferry_ops_outbox_oldest_pending_age_seconds) > 100", 1)
+	if broken == string(src) {
+		t.Fatal("backlog threshold not found in the rule file")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ferry-alerts.yml"), []byte(broken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = runPromtool(ctx, tool, dir, "test", "rules", "ferry-alerts_test.yml")
+	if err == nil || !strings.Contains(err.Error(), "FerryOutboxBacklogStale") {
+		t.Fatalf("promtool passed a backlog rule with a drifted threshold: %v", err)
+	}
+}
+
+// TestEveryAlertHasUnitTest: each alert in the rule file is tested firing
+// and, later, resolved; a new alert without a test fails here.
+func TestEveryAlertHasUnitTest(t *testing.T) {
 	rules, err := AlertRules()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range rules {
-		if _, err := Eval(r.Expr, nil); err != nil {
-			t.Errorf("alert %s is outside the evaluable subset: %v", r.Alert, err)
-		}
-	}
-	fams := []*dto.MetricFamily{
-		gauge(ops.MetricTopicOldestPending, 90, "topic", "orders"),
-		gauge(ops.MetricTopicOldestPending, 10, "topic", "payments"),
-		gauge(ops.MetricPendingTotal, 120),
-		gauge(ops.MetricSoftCap, 100),
-	}
-	fams[0].Metric = append(fams[0].Metric, fams[1].Metric...)
-	fams = append(fams[:1], fams[2:]...)
-	got, err := Eval(find(t, rules, "FerryOutboxBacklogStale").Expr, fams)
+	src, err := os.ReadFile("prometheus/ferry-alerts_test.yml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || got[0].Labels["topic"] != "orders" || got[0].Value != 90 {
-		t.Fatalf("backlog alert fired for %+v, want orders at 90", got)
+	var doc struct {
+		Tests []struct {
+			AlertRuleTest []struct {
+				Alertname string           `yaml:"alertname"`
+				EvalTime  string           `yaml:"eval_time"`
+				ExpAlerts []map[string]any `yaml:"exp_alerts"`
+			} `yaml:"alert_rule_test"`
+		} `yaml:"tests"`
 	}
-	got, err = Eval(find(t, rules, "FerryOutboxOverSoftCap").Expr, fams)
-	if err != nil || len(got) != 1 {
-		t.Fatalf("soft cap alert: %+v %v", got, err)
+	if err := yaml.Unmarshal(src, &doc); err != nil {
+		t.Fatal(err)
 	}
-	for _, bad := range []string{"rate(ferry_x[5m]) > 1", "ferry_x + 1", "avg(ferry_x) > 1", "ferry_x{a=~\"b\"} > 1"} {
-		if _, err := Eval(bad, fams); err == nil {
-			t.Errorf("Eval accepted %q outside the subset", bad)
+	firesAt, resolvedAt := map[string]time.Duration{}, map[string]time.Duration{}
+	for _, tg := range doc.Tests {
+		for _, c := range tg.AlertRuleTest {
+			at, err := time.ParseDuration(c.EvalTime)
+			if err != nil {
+				t.Fatalf("%s eval_time %q: %v", c.Alertname, c.EvalTime, err)
+			}
+			if len(c.ExpAlerts) > 0 {
+				if _, ok := firesAt[c.Alertname]; !ok || at < firesAt[c.Alertname] {
+					firesAt[c.Alertname] = at
+				}
+			} else if at > resolvedAt[c.Alertname] {
+				resolvedAt[c.Alertname] = at
+			}
+		}
+	}
+	for _, r := range rules {
+		f, ok := firesAt[r.Alert]
+		if !ok {
+			t.Errorf("alert %s has no unit test in which it fires", r.Alert)
+			continue
+		}
+		if resolvedAt[r.Alert] <= f {
+			t.Errorf("alert %s has no unit test in which it resolves after firing", r.Alert)
 		}
 	}
 }
 
-func TestYAMLSubsetRejectsWhatItCannotRead(t *testing.T) {
-	for _, src := range []string{
-		"groups:\n  - name: a\n    rules: [x]\n",
-		"groups:\n  - name: a\n    rules:\n      - alert: A\n        expr: |\n          up\n",
-		"groups:\n\t- name: a\n",
-		"a: 1\na: 2\n",
+// TestCheckFiring: the promtool bridge the ops tests use accepts the right
+// firing set and refuses a wrong one, both ways.
+func TestCheckFiring(t *testing.T) {
+	promtool(t)
+	ctx := context.Background()
+	fams := []*dto.MetricFamily{
+		gauge(ops.MetricTopicOldestPending, 90, "topic", "orders"),
+		gauge(ops.MetricPendingTotal, 120),
+		gauge(ops.MetricSoftCap, 100),
+		gauge(ops.MetricUp, 1),
+	}
+	fams[0].Metric = append(fams[0].Metric, gauge(ops.MetricTopicOldestPending, 10, "topic", "payments").Metric...)
+	right := map[string][]map[string]string{
+		"FerryOutboxBacklogStale": {{"topic": "orders"}},
+		"FerryOutboxOverSoftCap":  {{}},
+	}
+	if err := CheckFiring(ctx, AlertRulesYAML, fams, right); err != nil {
+		t.Fatal(err)
+	}
+	for name, wrong := range map[string]map[string][]map[string]string{
+		"missing alert": {"FerryOutboxBacklogStale": {{"topic": "orders"}}},
+		"wrong labels":  {"FerryOutboxBacklogStale": {{"topic": "payments"}}, "FerryOutboxOverSoftCap": {{}}},
+		"extra alert":   {"FerryOutboxBacklogStale": {{"topic": "orders"}}, "FerryOutboxOverSoftCap": {{}}, "FerryShardsUnowned": {{}}},
 	} {
-		if _, err := parseYAML(src); err == nil {
-			t.Errorf("accepted %q", src)
+		if err := CheckFiring(ctx, AlertRulesYAML, fams, wrong); err == nil {
+			t.Errorf("%s: CheckFiring accepted %v", name, wrong)
 		}
 	}
-	v, err := parseYAML("k:\n  - a: \"x # not a comment\"\n    b: 'it''s'\n  - c\n")
+	if err := CheckFiring(ctx, AlertRulesYAML, fams, map[string][]map[string]string{"NoSuchAlert": nil}); err == nil {
+		t.Error("CheckFiring accepted an alert the file does not define")
+	}
+}
+
+func TestParseRulesRejects(t *testing.T) {
+	for name, src := range map[string]string{
+		"unknown key":     "groups:\n  - name: a\n    rulez: []\n",
+		"no groups":       "groups: []\n",
+		"no severity":     "groups:\n  - name: a\n    rules:\n      - alert: A\n        expr: up == 0\n        annotations: {summary: s}\n",
+		"no expr":         "groups:\n  - name: a\n    rules:\n      - alert: A\n        labels: {severity: page}\n        annotations: {summary: s}\n",
+		"recording rule":  "groups:\n  - name: a\n    rules:\n      - record: a:b\n        expr: up\n",
+		"tab indentation": "groups:\n\t- name: a\n",
+		"duplicate key":   "groups: []\ngroups: []\n",
+	} {
+		if _, err := ParseRules([]byte(src)); err == nil {
+			t.Errorf("%s: accepted %q", name, src)
+		}
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
 	if err != nil {
 		t.Fatal(err)
 	}
-	list := v.(map[string]any)["k"].([]any)
-	m := list[0].(map[string]any)
-	if m["a"] != "x # not a comment" || m["b"] != "it's" || list[1] != "c" {
-		t.Fatalf("parsed %#v", v)
-	}
-	keys := make([]string, 0)
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	if strings.Join(keys, ",") != "a,b" {
-		t.Fatalf("keys %v", keys)
+	if err := os.WriteFile(to, b, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -11,18 +11,21 @@
 //     worker) on a fresh registry, collects the names from their
 //     descriptors and fails on any name no package exports — so renaming
 //     a metric without updating the pack breaks the build, not the pager.
-//   - The alerts fire when they should. [Eval] evaluates a rule's
-//     expression against gathered metrics the way Prometheus would at one
-//     instant; the ops tests stop a real relay, watch the backlog alert's
-//     expression cross its threshold, restart the relay and watch it
-//     recover.
+//   - The alerts fire when they should, as Prometheus evaluates them —
+//     no PromQL is reimplemented here. prometheus/ferry-alerts_test.yml
+//     holds promtool rule unit tests in which every alert fires from
+//     synthetic series once its "for" has passed and then resolves
+//     (TestAlertRuleUnitTests runs `promtool check rules` and
+//     `promtool test rules`, and TestEveryAlertHasUnitTest fails when an
+//     alert has no such test). [CheckFiring] hands series gathered from a
+//     real Ferry registry to promtool: the ops tests stop a real relay,
+//     check the backlog alert selects the stalled topic, restart the relay
+//     and check it clears.
 //
-// Eval understands only the PromQL subset the rule file is written in
-// (selectors with = and != matchers, max/min/sum/count with by, and
-// comparisons with numbers or other aggregates); a rule outside it fails
-// the tests, so the subset cannot silently drift from the rules. Likewise
-// the rule file is parsed by a small block-YAML reader (no YAML module is
-// in go.sum) that rejects anything outside its subset with the line number.
+// The rule file is parsed with gopkg.in/yaml.v3 (unknown keys refused).
+// promtool comes from Prometheus (the Debian package prometheus; .ci/run
+// installs it); without it those tests skip, or fail when
+// FERRY_REQUIRE_SERVICES=1.
 //
 // Most alerts read the ferry_ops_* gauges of [github.com/ferryhq/ferry/ops.Collector],
 // computed from the tables at scrape time by `ferry status --metrics-addr`;
