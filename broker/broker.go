@@ -8,7 +8,9 @@
 // Errors are classified, never string-matched: a publish error is
 // [ErrNotSent] (definitely not delivered: safe to retry), [ErrIndeterminate]
 // (sent, outcome unknown: retry, relying on the event id for dedup) or
-// [ErrPermanent] (will never succeed as is: dead-letter it).
+// [ErrPermanent] (will never succeed as is: dead-letter it). A missing
+// destination is [ErrNotSent] marked [ErrDestinationMissing]: a
+// configuration fault to hold and alert on, never a poison event.
 package broker
 
 import (
@@ -86,7 +88,23 @@ var (
 	ErrNotSent       = errors.New("broker: not sent")
 	ErrIndeterminate = errors.New("broker: outcome indeterminate")
 	ErrPermanent     = errors.New("broker: permanent failure")
+
+	// ErrDestinationMissing marks a ClassNotSent error whose cause is a
+	// destination the broker does not have (yet): a Kafka topic that does
+	// not exist, a NATS subject no stream captures, a RabbitMQ routing key
+	// no queue is bound to. It is a configuration fault, not a poison
+	// event: nothing was stored, and the same event succeeds once the
+	// destination is created. The relay holds such rows (no attempt
+	// charged, never dead), retries them with a capped backoff and reports
+	// the fault (ferry_relay_destination_missing). Match it with errors.Is.
+	ErrDestinationMissing = errors.New("broker: destination missing")
 )
+
+// DestinationMissing classifies err as ClassNotSent and marks it with
+// ErrDestinationMissing; what names the destination ("topic orders").
+func DestinationMissing(what string, err error) *PublishError {
+	return NewError(ClassNotSent, fmt.Errorf("%w: %s: %w", ErrDestinationMissing, what, err))
+}
 
 // PublishError wraps a broker error with its class.
 type PublishError struct {

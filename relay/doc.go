@@ -70,7 +70,16 @@
 //     drawn uniformly from [0, min(max, base·2^(attempts-1))] (full
 //     jitter), last_error = the error text only (never payload), control
 //     characters removed, at most 512 bytes.
-//   - permanent (too large, no route), or attempts reaching the maximum:
+//   - not sent marked [broker.ErrDestinationMissing] (a Kafka topic that
+//     does not exist, a NATS subject no stream captures, a RabbitMQ routing
+//     key no queue is bound to): a configuration fault, not a poison
+//     event. The row is held: no attempt charged (so it never goes dead
+//     for it), next_attempt_at = now + a delay that grows per destination
+//     from the backoff base to the probe max (uniform in [ceil/2, ceil]),
+//     and the destination is reported (ferry_relay_destination_missing,
+//     [Status].MissingDestinations, a warning log with alert=
+//     destination_missing) until a publish to it succeeds.
+//   - permanent (too large, invalid subject), or attempts reaching the maximum:
 //     status dead, with the reason. Under [DeadHold] (the default) the
 //     aggregate's later events wait for an operator (`ferry dlq`); under
 //     [DeadSkip] they flow and consumers see a gap.

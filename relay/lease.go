@@ -187,6 +187,7 @@ func (r *Relay) leaseRows(ctx context.Context, sql string, args ...any) (map[int
 
 // refreshStats updates the backlog gauges for the owned shards.
 func (r *Relay) refreshStats(ctx context.Context) error {
+	r.refreshMissing() // expires destinations nothing failed on lately
 	shards, _ := r.ownedSnapshot()
 	if len(shards) == 0 {
 		r.m.pending.Set(0)

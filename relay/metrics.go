@@ -25,6 +25,7 @@ type metrics struct {
 	brokerCalls   *prometheus.CounterVec
 	batches       prometheus.Counter
 	phase         *prometheus.HistogramVec
+	destMissing   prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -61,6 +62,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ferry_relay_cycle_phase_seconds",
 			Help:    "Duration of each phase of a relay cycle (claim, publish, mark), for finding what limits throughput.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"phase"}),
+		destMissing: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_relay_destination_missing",
+			Help: "Destinations (Kafka topics, NATS subjects, RabbitMQ routing keys) the broker reported missing on the latest publish; their events are held (no attempt charged, never dead) until they exist. 0 when none."}),
 	}
 	// Both series exist from the start (at 0), so rate() and alerts see
 	// them before the first call.
@@ -70,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.pending, m.oldestAge, m.deadRows, m.published, m.duplicates, m.latency,
-		m.retries, m.deadTotal, m.fenced, m.breaker, m.ownedShards, m.liveInstances, m.brokerCalls, m.batches, m.phase} {
+		m.retries, m.deadTotal, m.fenced, m.breaker, m.ownedShards, m.liveInstances, m.brokerCalls, m.batches, m.phase, m.destMissing} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

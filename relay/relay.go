@@ -89,6 +89,10 @@ type Status struct {
 	Fenced      uint64 // row updates rejected by the fence (lease lost)
 	PublishCall uint64 // Publisher.Publish calls
 	PingCalls   uint64 // Publisher.Ping calls
+	// MissingDestinations are the event topics the broker reported missing
+	// (broker.ErrDestinationMissing) on their latest publish, sorted; their
+	// rows are held until the destination exists.
+	MissingDestinations []string
 }
 
 // Ready reports whether the relay is doing its share: it owns at least one
@@ -129,6 +133,7 @@ type Relay struct {
 	rotate     uint64      // takeIdle's rotating offset (under mu)
 	crashed    atomic.Bool // a fault hook fired: no worker marks anything more
 	probeOwner atomic.Bool // held by the worker probing the open breaker
+	missing    missingDests
 
 	published, duplicates, retries, dead, fenced, publishCalls, pingCalls atomic.Uint64
 }
@@ -225,6 +230,7 @@ func (r *Relay) Status() Status {
 		Running:   r.running.Load(),
 		Published: r.published.Load(), Duplicates: r.duplicates.Load(), Retries: r.retries.Load(), Dead: r.dead.Load(),
 		Fenced: r.fenced.Load(), PublishCall: r.publishCalls.Load(), PingCalls: r.pingCalls.Load(),
+		MissingDestinations: r.refreshMissing(),
 	}
 }
 

@@ -66,7 +66,7 @@ func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts
 	case driver.Postgres:
 		now = "now()"
 		plus = func(s string) string { return "now() + make_interval(secs => " + s + ")" }
-		types := map[string]string{"id": "bigint", "fence": "bigint", "receipt": "text", "delay": "float8", "dead": "boolean", "err": "text"}
+		types := map[string]string{"id": "bigint", "fence": "bigint", "receipt": "text", "delay": "float8", "dead": "boolean", "err": "text", "charge": "int"}
 		rowsOf = func(p string, cols ...string) string {
 			defs := make([]string, len(cols))
 			for i, c := range cols {
@@ -198,12 +198,12 @@ SELECT %[7]s FROM %[8]s (
 FROM %[3]s%[5]s
 WHERE %[1]s.id = m.id AND %[1]s.status = 'pending' AND %[4]s`,
 		outbox, now, rowsOf("$2", "id", "fence", "receipt"), fence, async, withAsync)
-	q.markFailed = fmt.Sprintf(`%[6]sUPDATE %[1]s SET attempts = %[1]s.attempts + 1,
+	q.markFailed = fmt.Sprintf(`%[6]sUPDATE %[1]s SET attempts = %[1]s.attempts + m.charge,
     status = CASE WHEN m.dead THEN 'dead' ELSE 'pending' END,
     next_attempt_at = %[2]s, last_error = m.err
 FROM %[3]s%[5]s
 WHERE %[1]s.id = m.id AND %[1]s.status = 'pending' AND %[4]s`,
-		outbox, plus("m.delay"), rowsOf("$2", "id", "fence", "delay", "dead", "err"), fence, async, withAsync)
+		outbox, plus("m.delay"), rowsOf("$2", "id", "fence", "delay", "dead", "err", "charge"), fence, async, withAsync)
 	if d == driver.Postgres {
 		q.stats = fmt.Sprintf(`SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'dead'),
     COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
@@ -242,6 +242,9 @@ type failedRow struct {
 	Delay float64 `json:"delay"` // seconds until the next attempt
 	Dead  bool    `json:"dead"`
 	Err   string  `json:"err"`
+	// Charge is the attempts the failure costs: 1, or 0 for a row held
+	// because its destination is missing (a configuration fault).
+	Charge int `json:"charge"`
 }
 
 func jsonParam(v any) (string, error) {

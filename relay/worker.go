@@ -310,6 +310,8 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 	var failedIdx []int
 	transient := 0
 	blocked := map[aggKey]bool{}
+	var held map[string]*heldDest // destination → rows held this batch
+	now := time.Now()
 	for i := range batch {
 		c := &batch[i]
 		k := keyOf(&c.ev)
@@ -320,19 +322,42 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		if res.Err == nil {
 			sent = append(sent, sentRow{ID: c.id, Fence: c.fence, Receipt: res.Receipt.String()})
 			sentIdx = append(sentIdx, i)
+			if was, d := r.missing.ok(c.ev.Topic, now); was {
+				r.log.Info("destination exists again; held events are being published", "destination", c.ev.Topic, "missing_for", d.Round(time.Millisecond))
+			}
 			continue
 		}
 		blocked[k] = true
 		class := broker.ClassOf(res.Err)
-		fr := failedRow{ID: c.id, Fence: c.fence, Err: class.String() + ": " + sanitize(res.Err)}
-		if class == broker.ClassPermanent || c.attempts+1 >= r.cfg.maxAttempts {
+		fr := failedRow{ID: c.id, Fence: c.fence, Err: class.String() + ": " + sanitize(res.Err), Charge: 1}
+		switch {
+		case errors.Is(res.Err, broker.ErrDestinationMissing):
+			// A configuration fault, not a poison event: the topic,
+			// subject or routing key does not exist (yet). Hold the row
+			// (no attempt charged, so never dead), retry it with the
+			// destination's capped backoff, and report the destination.
+			if held == nil {
+				held = map[string]*heldDest{}
+			}
+			h := held[c.ev.Topic]
+			if h == nil {
+				d, _ := r.missing.failed(c.ev.Topic, now, r.cfg.backoffBase, r.cfg.probeMax)
+				h = &heldDest{delay: d, err: fr.Err}
+				held[c.ev.Topic] = h
+			}
+			h.rows++
+			fr.Charge, fr.Delay = 0, h.delay.Seconds()
+		case class == broker.ClassPermanent || c.attempts+1 >= r.cfg.maxAttempts:
 			fr.Dead = true
-		} else {
+		default:
 			fr.Delay = r.backoff(c.attempts + 1).Seconds()
 			transient++
 		}
 		failed = append(failed, fr)
 		failedIdx = append(failedIdx, i)
+	}
+	if held != nil || len(sent) > 0 {
+		r.refreshMissing()
 	}
 
 	if len(sent) > 0 {
@@ -391,8 +416,18 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		r.fencedWrites(int64(len(failed))-n, "failed")
 		return nil
 	}
+	for dest, h := range held {
+		r.log.Warn("destination missing on the broker: events held, no attempt charged, never dead; create it (or fix the routing)",
+			"alert", "destination_missing", "destination", dest, "held_rows", h.rows,
+			"retry_in", h.delay.Round(time.Millisecond), "err", h.err)
+	}
 	for j, fr := range failed {
 		c := &batch[failedIdx[j]]
+		if fr.Charge == 0 {
+			r.retries.Add(1)
+			r.m.retries.Inc()
+			continue
+		}
 		attrs := []any{"event_id", c.ev.ID.String(), "aggregate", ferry.AggregateKey(c.ev.TenantID, c.ev.AggregateType, c.ev.AggregateID),
 			"aggregate_seq", c.ev.AggregateSeq, "attempts", c.attempts + 1, "err", fr.Err}
 		if fr.Dead {
@@ -406,6 +441,13 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		}
 	}
 	return nil
+}
+
+// heldDest is one missing destination's share of a batch.
+type heldDest struct {
+	rows  int
+	delay time.Duration
+	err   string // the first row's error, sanitized
 }
 
 func (r *Relay) fencedWrites(n int64, kind string) {

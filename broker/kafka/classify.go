@@ -18,7 +18,6 @@ var permanentErrs = []*kerr.Error{
 	kerr.InvalidRecord,
 	kerr.CorruptMessage, // retriable in Kafka's table, but a record we built that the broker calls corrupt will stay so
 	kerr.InvalidTopicException,
-	kerr.UnknownTopicOrPartition, // reaches the promise only after franz-go's unknown-topic retries: the topic does not exist and auto-create is off
 	kerr.TopicAuthorizationFailed,
 	kerr.ClusterAuthorizationFailed,
 	kerr.TransactionalIDAuthorizationFailed,
@@ -40,8 +39,15 @@ var indeterminateErrs = []*kerr.Error{
 // Classify maps a produce-promise error to Ferry's error classes. It uses
 // kerr's typed errors and franz-go's sentinels, never message strings.
 //
-//   - Permanent: see permanentErrs (too large, invalid record, topic missing
-//     with auto-create off, not authorised).
+//   - Permanent: see permanentErrs (too large, invalid record, invalid topic
+//     name, not authorised).
+//   - NotSent marked broker.ErrDestinationMissing: UNKNOWN_TOPIC_OR_PARTITION,
+//     which reaches the promise only after franz-go's unknown-topic retries
+//     (the topic does not exist and auto-create is off). Kafka itself calls
+//     it retriable (metadata propagation, a topic created a moment later):
+//     it is a configuration fault the relay holds and reports, never a
+//     reason to dead-letter the event. franz-go fails such a record before
+//     producing it, or the broker refused it, so it was not stored.
 //   - Indeterminate: REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND, and
 //     anything unknown (the safe default: retry and rely on event-id dedup).
 //   - NotSent: every other retriable kerr error (the broker refused before
@@ -54,6 +60,9 @@ var indeterminateErrs = []*kerr.Error{
 func Classify(err error) error {
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, kerr.UnknownTopicOrPartition) {
+		return broker.DestinationMissing("kafka topic", err)
 	}
 	return broker.NewError(classOf(err), err)
 }

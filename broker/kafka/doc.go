@@ -40,8 +40,12 @@
 //
 //   - ClassPermanent: MESSAGE_TOO_LARGE (client- or broker-side),
 //     RECORD_LIST_TOO_LARGE, INVALID_RECORD, CORRUPT_MESSAGE, invalid topic,
+//     authorization and policy failures.
+//   - ClassNotSent marked [broker.ErrDestinationMissing]:
 //     UNKNOWN_TOPIC_OR_PARTITION (the topic does not exist: auto-creation is
-//     off on purpose), authorization and policy failures.
+//     off on purpose). Kafka calls it retriable, and a topic created a
+//     moment later makes the same record succeed: a configuration fault
+//     the relay holds and reports, not a poison event.
 //   - ClassIndeterminate: REQUEST_TIMED_OUT and
 //     NOT_ENOUGH_REPLICAS_AFTER_APPEND (the leader may have appended the
 //     record), the caller's ctx ending while records are in flight (the

@@ -202,13 +202,15 @@ func TestClassifyPermanent(t *testing.T) {
 	// Too large: franz-go refuses it before sending (MESSAGE_TOO_LARGE).
 	big := event(t, topic, "big", 1)
 	big.Payload = make([]byte, 128<<10)
-	// Unknown topic with auto-create off.
+	// Unknown topic with auto-create off: a missing destination, not a
+	// poison event (not sent, marked ErrDestinationMissing).
 	missing := event(t, "no.such.topic", "a", 1)
 	res := p.Publish(ctx, []ferry.Event{big, missing})
-	for i, r := range res {
-		if !errors.Is(r.Err, broker.ErrPermanent) {
-			t.Fatalf("result[%d] = %v, want permanent", i, r.Err)
-		}
+	if !errors.Is(res[0].Err, broker.ErrPermanent) {
+		t.Fatalf("too large: %v, want permanent", res[0].Err)
+	}
+	if !errors.Is(res[1].Err, broker.ErrNotSent) || !errors.Is(res[1].Err, broker.ErrDestinationMissing) {
+		t.Fatalf("missing topic: %v, want not sent, destination missing", res[1].Err)
 	}
 	if !errors.Is(res[0].Err, kerr.MessageTooLarge) || !errors.Is(res[1].Err, kerr.UnknownTopicOrPartition) {
 		t.Fatalf("causes lost: %v / %v", res[0].Err, res[1].Err)
@@ -230,7 +232,8 @@ func TestClassifyTable(t *testing.T) {
 	}{
 		{kerr.MessageTooLarge, broker.ClassPermanent},
 		{kerr.InvalidRecord, broker.ClassPermanent},
-		{kerr.UnknownTopicOrPartition, broker.ClassPermanent},
+		{kerr.UnknownTopicOrPartition, broker.ClassNotSent},
+		{fmt.Errorf("%w, last err: %w", kgo.ErrRecordRetries, kerr.UnknownTopicOrPartition), broker.ClassNotSent},
 		{kerr.TopicAuthorizationFailed, broker.ClassPermanent},
 		{kerr.RequestTimedOut, broker.ClassIndeterminate},
 		{kerr.NotEnoughReplicasAfterAppend, broker.ClassIndeterminate},

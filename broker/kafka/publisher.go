@@ -60,8 +60,10 @@ func NewPublisher(seeds []string, opts ...Option) (*Publisher, error) {
 		// other producers hash an aggregate to the same partition.
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
 		// Never create topics implicitly: a typo must fail loudly
-		// (UNKNOWN_TOPIC_OR_PARTITION, classified permanent), and topics
-		// need deliberate partition/replication settings (EnsureTopics).
+		// (UNKNOWN_TOPIC_OR_PARTITION, classified not sent and marked
+		// broker.ErrDestinationMissing: the relay holds the rows and
+		// reports the missing topic), and topics need deliberate
+		// partition/replication settings (EnsureTopics).
 		kgo.UnknownTopicRetries(3),
 		kgo.WithLogger(kgoLogger{cfg.logger}),
 	}

@@ -39,15 +39,18 @@
 //	                    fast), too many pending publishes, "no responders"
 //	                    while a stream for the subject exists (JetStream
 //	                    momentarily unavailable), an error reply from the
-//	                    stream (e.g. insufficient resources)
+//	                    stream (e.g. insufficient resources); no stream
+//	                    captures the subject ("no responders" and
+//	                    StreamNameBySubject finds none), marked
+//	                    broker.ErrDestinationMissing: a configuration fault
+//	                    the relay holds (never dead) until a stream
+//	                    captures the subject
 //	ClassIndeterminate  no PubAck within the ack timeout, disconnected while
 //	                    waiting, ctx ended while waiting: the message may be
 //	                    stored; the retry is absorbed by the duplicate window
 //	ClassPermanent      larger than the server's max_payload (nats.ErrMaxPayload,
 //	                    checked by the client before sending) or the stream's
-//	                    max_msg_size (JetStream error 10054); invalid subject;
-//	                    no stream captures the subject ("no responders" and
-//	                    StreamNameBySubject finds none)
+//	                    max_msg_size (JetStream error 10054); invalid subject
 //
 // [Publisher.Ping] is an AccountInfo round trip: it fails while the server
 // is unreachable or JetStream is disabled, which the relay's circuit

@@ -209,8 +209,10 @@ type inflight struct {
 //
 // Error classes: a client-side rejection before sending (connection
 // closed or disconnected, too many pending) is ClassNotSent; a message
-// larger than the server's max_payload, an invalid subject, a subject no
-// stream captures, or a stream's max_msg_size is ClassPermanent; an error
+// larger than the server's max_payload, an invalid subject, or a stream's
+// max_msg_size is ClassPermanent; a subject no stream captures is
+// ClassNotSent marked broker.ErrDestinationMissing (a configuration fault
+// the relay holds until a stream captures it, never dead); an error
 // returned by the stream (insufficient resources etc.) is ClassNotSent;
 // no ack in time, a disconnection while waiting, or ctx ending is
 // ClassIndeterminate.
@@ -351,13 +353,14 @@ func (p *Publisher) classifyAckError(ctx context.Context, err error, subject str
 	switch {
 	case errors.Is(err, jetstream.ErrNoStreamResponse):
 		// "No responders": nothing received the message. Either no stream
-		// captures the subject (permanent: a routing error) or JetStream is
-		// momentarily unavailable (not sent: retry). Ask which.
+		// captures the subject (a missing destination: held until one
+		// does) or JetStream is momentarily unavailable (not sent: retry).
+		// Ask which.
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		_, lerr := p.js.StreamNameBySubject(lctx, subject)
 		if errors.Is(lerr, jetstream.ErrStreamNotFound) {
-			return broker.NewError(broker.ClassPermanent,
+			return broker.DestinationMissing(fmt.Sprintf("nats subject %q", subject),
 				fmt.Errorf("natsjs: no stream captures subject %q: %w", subject, err))
 		}
 		return broker.NewError(broker.ClassNotSent, fmt.Errorf("natsjs: not stored: %w", err))

@@ -88,8 +88,8 @@ func TestPublishErrorClasses(t *testing.T) {
 			if res[2].Err != nil {
 				t.Errorf("other aggregate: %v, want success", res[2].Err)
 			}
-			if c := broker.ClassOf(res[3].Err); c != broker.ClassPermanent {
-				t.Errorf("subject without stream: %v (%s), want permanent", res[3].Err, c)
+			if c := broker.ClassOf(res[3].Err); c != broker.ClassNotSent || !errors.Is(res[3].Err, broker.ErrDestinationMissing) {
+				t.Errorf("subject without stream: %v (%s), want not_sent marked destination missing", res[3].Err, c)
 			}
 			if c := broker.ClassOf(res[4].Err); c != broker.ClassPermanent {
 				t.Errorf("bad subject: %v (%s), want permanent", res[4].Err, c)

@@ -26,7 +26,10 @@
 //
 //   - basic.ack → success; the receipt is exchange + routing key + the
 //     channel's delivery tag.
-//   - basic.return before the ack → ClassPermanent [ErrUnroutable]. The
+//   - basic.return before the ack → ClassNotSent [ErrUnroutable], marked
+//     [broker.ErrDestinationMissing]: no queue is bound for the routing
+//     key, a configuration fault the relay holds (never dead) and
+//     reports until a queue is bound. The
 //     broker acks an unroutable message after returning it; without
 //     mandatory it would just drop it and ack — a silent loss. Ferry never
 //     counts a returned message as sent. amqp091 hands the return to the
@@ -36,7 +39,7 @@
 //   - body above [WithMaxMessageBytes] → ClassPermanent [ErrTooLarge]
 //     (checked before sending: the broker would close the whole channel).
 //   - channel closed with 404 (exchange missing) → ClassNotSent
-//     [ErrExchangeNotFound].
+//     [ErrExchangeNotFound], marked [broker.ErrDestinationMissing].
 //   - connection or channel lost after the message was written and before
 //     its confirm, or ctx ended while waiting → ClassIndeterminate
 //     ([ErrConnectionLost]).

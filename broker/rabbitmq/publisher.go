@@ -24,7 +24,9 @@ var (
 	// ErrUnroutable: the broker returned the message (basic.return, because
 	// it is published mandatory) — no queue is bound for its routing key.
 	// The broker acks such a message after returning it; Ferry reports it
-	// ClassPermanent, never as success.
+	// ClassNotSent marked broker.ErrDestinationMissing (no queue stored
+	// it; binding a queue makes the same message routable), never as
+	// success.
 	ErrUnroutable = errors.New("rabbitmq: message unroutable (no queue bound)")
 	// ErrNacked: the broker refused the message (basic.nack), e.g. a
 	// quorum queue without quorum or over its length limit. ClassNotSent.
@@ -33,7 +35,8 @@ var (
 	// was written and before its confirm arrived. ClassIndeterminate.
 	ErrConnectionLost = errors.New("rabbitmq: connection lost before confirm")
 	// ErrExchangeNotFound: the exchange does not exist (the broker closed
-	// the channel with 404). ClassNotSent: nothing was routed.
+	// the channel with 404). ClassNotSent marked
+	// broker.ErrDestinationMissing: nothing was routed.
 	ErrExchangeNotFound = errors.New("rabbitmq: exchange not found")
 	// ErrTooLarge: the message exceeds WithMaxMessageBytes. ClassPermanent.
 	ErrTooLarge = errors.New("rabbitmq: message too large")
@@ -174,8 +177,10 @@ func (p *Publisher) dropLocked() {
 // reach its queue in slice order.
 //
 // Outcomes per event: confirmed → receipt (exchange, routing key, delivery
-// tag); returned → ClassPermanent ErrUnroutable; nacked → ClassNotSent
+// tag); returned → ClassNotSent ErrUnroutable; nacked → ClassNotSent
 // ErrNacked; channel closed with 404 → ClassNotSent ErrExchangeNotFound;
+// ErrUnroutable and ErrExchangeNotFound are marked
+// broker.ErrDestinationMissing (a configuration fault, held by the relay);
 // connection lost or ctx ended while waiting → ClassIndeterminate; not
 // written (no connection, channel closed before the publish) → ClassNotSent.
 func (p *Publisher) Publish(ctx context.Context, events []ferry.Event) []broker.Result {
@@ -296,7 +301,7 @@ wait:
 		}
 		if r, ok := returned[ev.ID.String()]; ok {
 			p.confirmed.Add(1) // the broker acks a returned message too
-			results[pe.i].Err = broker.NewError(broker.ClassPermanent,
+			results[pe.i].Err = broker.DestinationMissing(fmt.Sprintf("rabbitmq routing key %q", r.RoutingKey),
 				fmt.Errorf("%w: event %s, exchange %q, routing key %q: %d %s", ErrUnroutable, ev.ID, r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText))
 			continue
 		}
@@ -315,7 +320,7 @@ wait:
 		switch {
 		case p.closeErr != nil && p.closeErr.Code == amqp.NotFound:
 			p.unconfirmed.Add(1)
-			results[pe.i].Err = broker.NewError(broker.ClassNotSent,
+			results[pe.i].Err = broker.DestinationMissing(fmt.Sprintf("rabbitmq exchange %q", p.cfg.exchange),
 				fmt.Errorf("%w: %q (event %s): %s", ErrExchangeNotFound, p.cfg.exchange, ev.ID, p.closeErr.Reason))
 		case p.closeErr != nil || ch.IsClosed():
 			p.unconfirmed.Add(1)

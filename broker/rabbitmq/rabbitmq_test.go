@@ -133,19 +133,20 @@ func TestConfirmsAwaited(t *testing.T) {
 	}
 }
 
-// TestUnroutableIsPermanent: an exchange with no binding. With mandatory
-// the broker returns the message and then acks it; Ferry reports
-// ClassPermanent ErrUnroutable. The negative control publishes the same
+// TestUnroutableIsDestinationMissing: an exchange with no binding. With
+// mandatory the broker returns the message and then acks it; Ferry reports
+// ClassNotSent ErrUnroutable marked broker.ErrDestinationMissing (held by
+// the relay, never dead). The negative control publishes the same
 // way without mandatory: the broker confirms it (ack = true) and the
 // message is silently gone — what treating the ack alone as success loses.
-func TestUnroutableIsPermanent(t *testing.T) {
+func TestUnroutableIsDestinationMissing(t *testing.T) {
 	url := testenv.RabbitMQURL(t)
 	top := newTopology(t, url, false)
 	p := newPublisher(t, url, rabbitmq.WithExchange(top.Exchange))
 	res := p.Publish(context.Background(), []ferry.Event{event(t, "nowhere", "a", 1), event(t, "nowhere", "b", 1)})
 	for i, r := range res {
-		if !errors.Is(r.Err, broker.ErrPermanent) || !errors.Is(r.Err, rabbitmq.ErrUnroutable) {
-			t.Fatalf("result %d: %v, want permanent unroutable", i, r.Err)
+		if !errors.Is(r.Err, broker.ErrNotSent) || !errors.Is(r.Err, rabbitmq.ErrUnroutable) || !errors.Is(r.Err, broker.ErrDestinationMissing) {
+			t.Fatalf("result %d: %v, want not sent, unroutable, destination missing", i, r.Err)
 		}
 	}
 	if st := p.Stats(); st.Returned != 2 {

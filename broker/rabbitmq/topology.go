@@ -95,7 +95,9 @@ func EnsureTopology(ctx context.Context, url string, t Topology) error {
 // properties is accepted — RabbitMQ refuses an inequivalent declaration,
 // so a non-durable exchange or a classic queue fails with ErrNotDurable.
 // Bindings cannot be checked over AMQP 0-9-1; a missing one shows up as
-// ErrUnroutable (ClassPermanent) on the first publish, thanks to mandatory.
+// ErrUnroutable (ClassNotSent, broker.ErrDestinationMissing: the relay
+// holds the rows until a queue is bound) on the first publish, thanks to
+// mandatory.
 func CheckTopology(ctx context.Context, url string, t Topology) error {
 	if err := t.check(); err != nil {
 		return err

@@ -1,0 +1,104 @@
+package relay
+
+import (
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// missingDests tracks destinations (event topics: a Kafka topic, a NATS
+// subject, a RabbitMQ routing key) whose last publish failed with
+// broker.ErrDestinationMissing. Rows routed to them are held: marked
+// pending again with a delay, no attempt charged, never dead. The delay
+// grows per destination (not per row: the fault is the destination's),
+// from the backoff base up to the probe cap, so a destination created
+// later is used within about one probe interval, whatever the backlog.
+// The zero value is ready to use.
+type missingDests struct {
+	n  atomic.Int32 // len(m): lets ok skip the lock on the hot path
+	mu sync.Mutex
+	m  map[string]*missingDest
+}
+
+type missingDest struct {
+	since    time.Time // first failure of this episode
+	last     time.Time // latest failure
+	failures int       // consecutive failures
+}
+
+// failed records a failure for topic and returns the delay before its rows
+// are tried again: uniform in [ceil/2, ceil], ceil = min(cap, base·2^(n-1)).
+// The lower half bound keeps a missing destination from being retried in a
+// tight loop.
+func (d *missingDests) failed(topic string, now time.Time, base, limit time.Duration) (delay time.Duration, first bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.m == nil {
+		d.m = map[string]*missingDest{}
+	}
+	e, ok := d.m[topic]
+	if !ok {
+		e = &missingDest{since: now}
+		d.m[topic] = e
+		d.n.Store(int32(len(d.m)))
+	}
+	e.failures++
+	e.last = now
+	ceil := base
+	for i := 1; i < e.failures && ceil < limit; i++ {
+		ceil *= 2
+	}
+	ceil = max(min(ceil, limit), time.Millisecond)
+	return ceil/2 + time.Duration(rand.Int64N(int64(ceil/2)+1)), !ok
+}
+
+// ok records a successful publish to topic; it reports whether topic was
+// missing before (and for how long).
+func (d *missingDests) ok(topic string, now time.Time) (was bool, missingFor time.Duration) {
+	if d.n.Load() == 0 {
+		return false, 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, found := d.m[topic]
+	if !found {
+		return false, 0
+	}
+	delete(d.m, topic)
+	d.n.Store(int32(len(d.m)))
+	return true, now.Sub(e.since)
+}
+
+// list returns the destinations currently missing, sorted, after dropping
+// those not seen failing for stale (their rows were resolved otherwise,
+// e.g. discarded by an operator, so nothing publishes to them any more).
+func (d *missingDests) list(now time.Time, stale time.Duration) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]string, 0, len(d.m))
+	for t, e := range d.m {
+		if now.Sub(e.last) > stale {
+			delete(d.m, t)
+			d.n.Store(int32(len(d.m)))
+			continue
+		}
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// missingStale is how long a missing destination stays reported without a
+// new failure: a few retry periods plus a batch's publish bound.
+func (r *Relay) missingStale() time.Duration {
+	return 3*r.cfg.probeMax + r.cfg.publishTimeout + r.cfg.poll
+}
+
+// refreshMissing sets ferry_relay_destination_missing and returns the list.
+func (r *Relay) refreshMissing() []string {
+	l := r.missing.list(time.Now(), r.missingStale())
+	r.m.destMissing.Set(float64(len(l)))
+	return l
+}
