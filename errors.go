@@ -3,6 +3,8 @@ package ferry
 import (
 	"errors"
 	"fmt"
+
+	"github.com/google/uuid"
 )
 
 // Sentinel errors callers branch on with errors.Is. Concrete errors carry
@@ -16,10 +18,33 @@ var (
 	// ErrSequenceConflict: a caller-supplied AggregateSeq was not the next
 	// number for its aggregate; see *SequenceConflictError. Nothing was written.
 	ErrSequenceConflict = errors.New("ferry: aggregate sequence conflict")
-	// ErrDuplicateEventID: an event with this ID is already in the outbox.
-	// Nothing from the call was written.
+	// ErrDuplicateEventID: an event with this ID is already in the outbox;
+	// see *DuplicateEventIDError. Nothing from the call was written. (Two
+	// events with one ID in the same call are rejected by validation
+	// instead, as ErrInvalidEvent.)
 	ErrDuplicateEventID = errors.New("ferry: duplicate event id")
 )
+
+// DuplicateEventIDError names the event of the call whose ID is already in
+// the outbox. Err is the database's own error.
+type DuplicateEventIDError struct {
+	Index int // position of the event in the call; -1 when the database did not say which
+	ID    uuid.UUID
+	Err   error
+}
+
+func (e *DuplicateEventIDError) Error() string {
+	if e.Index < 0 {
+		return "ferry: duplicate event id: an event of the call has an id already in the outbox"
+	}
+	return fmt.Sprintf("ferry: duplicate event id: event[%d].event_id %s is already in the outbox", e.Index, e.ID)
+}
+
+// Unwrap returns the database's error.
+func (e *DuplicateEventIDError) Unwrap() error { return e.Err }
+
+// Is reports ErrDuplicateEventID.
+func (e *DuplicateEventIDError) Is(target error) bool { return target == ErrDuplicateEventID }
 
 // ValidationError names the event (by position in the call), the field and
 // the limit that was broken. Its message never contains payload bytes.

@@ -65,17 +65,44 @@ type Driver[TTx any] interface {
 	BeginTx(ctx context.Context) (TTx, Tx, error)
 }
 
+// PoolSizer is implemented by drivers that know their pool's connection
+// cap (pgxv5: pgxpool's MaxConns; databasesql: SetMaxOpenConns). The inbox
+// and the relay read it at start to warn when the pool cannot serve their
+// workers.
+type PoolSizer interface {
+	// MaxConns is the most connections the pool opens; 0 means no cap.
+	MaxConns() int
+}
+
+// MaxConns returns d's pool cap when d reports one (a PoolSizer with a
+// non-zero cap).
+func MaxConns(d any) (int, bool) {
+	ps, ok := d.(PoolSizer)
+	if !ok {
+		return 0, false
+	}
+	n := ps.MaxConns()
+	return n, n > 0
+}
+
 // ErrUniqueViolation is wrapped by drivers when a statement broke a unique
 // constraint; the core maps it to a domain error (e.g. duplicate event id).
 var ErrUniqueViolation = errors.New("driver: unique constraint violated")
 
-// UniqueViolationError carries the constraint name when the database names it.
+// UniqueViolationError carries the constraint name when the database names
+// it: Postgres's constraint name, or SQLite's "table.column, …" list.
 type UniqueViolationError struct {
 	Constraint string
-	Err        error
+	// Detail is the database's description of the conflicting key when it
+	// gives one (Postgres: "Key (event_id)=(…) already exists.").
+	Detail string
+	Err    error
 }
 
 func (e *UniqueViolationError) Error() string {
+	if e.Constraint == "" {
+		return "driver: unique constraint violated: " + e.Err.Error()
+	}
 	return "driver: unique constraint " + e.Constraint + " violated: " + e.Err.Error()
 }
 

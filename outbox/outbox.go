@@ -25,6 +25,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/otelferry"
@@ -171,9 +173,22 @@ func (w *Writer[TTx]) Insert(ctx context.Context, events ...ferry.Event) ([]ferr
 // and only if tx commits. It returns the events with their assigned fields
 // (ID, AggregateSeq, Topic, Shard, OccurredAt, ContentType).
 //
-// All events are validated before anything is written. On any error nothing
-// from this call is written, but on Postgres the caller's transaction may be
-// aborted by a failed statement: roll it back.
+// All events are validated before anything is written, including that no
+// two events of the call share an ID. On any error nothing from this call is
+// written. What happens to tx depends on the error and the database:
+//
+//   - Validation (ferry.ErrInvalidEvent) and admission errors: no statement
+//     was sent; tx is untouched and usable, on every driver.
+//   - ferry.ErrSequenceConflict: nothing was written; tx is usable, on every
+//     driver.
+//   - Any other error (ferry.ErrDuplicateEventID for an ID already in the
+//     outbox, a cancelled context, a database error): on SQLite the call
+//     runs under a savepoint that is rolled back, so tx is usable and holds
+//     exactly what it held before the call; the call's statements are not
+//     interrupted mid-way, the context is checked between them. On Postgres
+//     the failed statement aborts tx (a cancelled context may also close
+//     its connection): it can only be rolled back, its Commit fails, and
+//     nothing of tx is kept.
 func (w *Writer[TTx]) InsertTx(ctx context.Context, tx TTx, events ...ferry.Event) ([]ferry.Event, error) {
 	return w.insertExec(ctx, w.drv.UnwrapExecutor(tx), events)
 }
@@ -197,6 +212,7 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 		traceparent = otelferry.TraceparentFromContext(ctx)
 	}
 	out := make([]ferry.Event, len(events))
+	var given map[uuid.UUID]int // caller-supplied ids, to reject duplicates within the call
 	for i := range events {
 		e := events[i]
 		if e.Headers.Traceparent == "" {
@@ -204,6 +220,16 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 		}
 		if err := w.cfg.limits.Validate(i, &e); err != nil {
 			return nil, err
+		}
+		if e.ID != uuid.Nil {
+			if given == nil {
+				given = map[uuid.UUID]int{}
+			}
+			if j, dup := given[e.ID]; dup {
+				return nil, &ferry.ValidationError{Index: i, Field: "event_id",
+					Reason: fmt.Sprintf("duplicate of event[%d].event_id (%s): the events of one call need distinct ids", j, e.ID)}
+			}
+			given[e.ID] = i
 		}
 		rendered := e.Topic == ""
 		if err := ferry.Normalize(&e, w.cfg.topics, w.cfg.shards, now); err != nil {
@@ -220,19 +246,27 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 	if err != nil {
 		return nil, err
 	}
-	if plan.expected {
-		if exec.Dialect() == driver.Postgres && len(plan.aggs) == 1 {
-			// One aggregate: one statement that writes nothing on a
-			// mismatch, so no savepoint is needed.
-			if err := w.writePostgresExpected(ctx, exec, out); err != nil {
-				return nil, w.mapWriteErr(err)
-			}
-			return out, nil
+	switch {
+	case exec.Dialect() == driver.SQLite:
+		// SQLite writes a call in several statements and a failed
+		// statement does not end the transaction: run the call under a
+		// savepoint so that any error (a duplicate id, a cancelled context,
+		// a version mismatch) undoes the sequence bumps and rows it made.
+		return w.insertChecked(ctx, exec, out, plan)
+	case plan.expected && len(plan.aggs) == 1:
+		// Postgres, one aggregate: one statement that writes nothing on a
+		// mismatch, so no savepoint is needed.
+		if err := w.writePostgresExpected(ctx, exec, out); err != nil {
+			return nil, w.mapWriteErr(err, out)
 		}
-		// A caller-supplied version may not match: run under a savepoint so
-		// a mismatch undoes the sequence bump too and nothing is written.
+		return out, nil
+	case plan.expected:
+		// Postgres, several aggregates: a caller-supplied version may not
+		// match after other aggregates were bumped; the savepoint undoes
+		// them and keeps the transaction usable.
 		return w.insertChecked(ctx, exec, out, plan)
 	}
+	// Postgres: one statement; if it fails, it aborts the transaction.
 	if err := w.write(ctx, exec, out, plan); err != nil {
 		return nil, err
 	}
@@ -242,8 +276,20 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 // MaxEventsPerCall bounds one call; larger batches belong in several calls.
 const MaxEventsPerCall = 10000
 
+// insertChecked writes events under a savepoint, checks caller-supplied
+// versions, and rolls the savepoint back on any error, so that the call
+// leaves nothing behind and the transaction usable.
 func (w *Writer[TTx]) insertChecked(ctx context.Context, exec driver.Executor, events []ferry.Event, plan batchPlan) ([]ferry.Event, error) {
-	if _, err := exec.Exec(ctx, "SAVEPOINT ferry_outbox_insert"); err != nil {
+	stmtCtx := ctx
+	if exec.Dialect() == driver.SQLite {
+		// No statement of the call is interrupted mid-way (see writeSQLite);
+		// ctx is checked between them.
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("outbox: insert: %w", err)
+		}
+		stmtCtx = context.WithoutCancel(ctx)
+	}
+	if _, err := exec.Exec(stmtCtx, "SAVEPOINT ferry_outbox_insert"); err != nil {
 		return nil, fmt.Errorf("outbox: savepoint: %w", err)
 	}
 	// Remember what the caller asked for; write() overwrites AggregateSeq.
@@ -262,17 +308,22 @@ func (w *Writer[TTx]) insertChecked(ctx context.Context, exec driver.Executor, e
 			}
 		}
 	}
-	if err != nil {
-		if _, rbErr := exec.Exec(ctx, "ROLLBACK TO SAVEPOINT ferry_outbox_insert"); rbErr != nil {
-			return nil, errors.Join(err, fmt.Errorf("outbox: rollback to savepoint: %w", rbErr))
+	if err == nil {
+		_, relErr := exec.Exec(stmtCtx, "RELEASE SAVEPOINT ferry_outbox_insert")
+		if relErr == nil {
+			return events, nil
 		}
-		_, _ = exec.Exec(ctx, "RELEASE SAVEPOINT ferry_outbox_insert")
-		return nil, err
+		err = fmt.Errorf("outbox: release savepoint: %w", relErr)
 	}
-	if _, err := exec.Exec(ctx, "RELEASE SAVEPOINT ferry_outbox_insert"); err != nil {
-		return nil, fmt.Errorf("outbox: release savepoint: %w", err)
+	// Undo, even when ctx is what failed the call.
+	undoCtx := context.WithoutCancel(ctx)
+	if _, rbErr := exec.Exec(undoCtx, "ROLLBACK TO SAVEPOINT ferry_outbox_insert"); rbErr != nil {
+		return nil, errors.Join(err, fmt.Errorf("outbox: rollback to savepoint (roll the transaction back): %w", rbErr))
 	}
-	return events, nil
+	if _, relErr := exec.Exec(undoCtx, "RELEASE SAVEPOINT ferry_outbox_insert"); relErr != nil {
+		return nil, errors.Join(err, fmt.Errorf("outbox: release savepoint (roll the transaction back): %w", relErr))
+	}
+	return nil, err
 }
 
 // batchPlan groups a call's events by aggregate.
@@ -322,22 +373,49 @@ func (w *Writer[TTx]) write(ctx context.Context, exec driver.Executor, events []
 	default:
 		err = fmt.Errorf("outbox: unsupported dialect %q", exec.Dialect())
 	}
-	return w.mapWriteErr(err)
+	return w.mapWriteErr(err, events)
 }
 
-// mapWriteErr wraps a write's error: a duplicate event id as
-// ErrDuplicateEventID, a sequence conflict unchanged.
-func (w *Writer[TTx]) mapWriteErr(err error) error {
+// mapWriteErr wraps a write's error: a duplicate event id as a
+// *ferry.DuplicateEventIDError naming the event, a sequence conflict
+// unchanged, anything else (a cancelled context too) as "outbox: insert".
+func (w *Writer[TTx]) mapWriteErr(err error, events []ferry.Event) error {
 	if err == nil {
 		return nil
 	}
 	var sc *ferry.SequenceConflictError
-	if errors.As(err, &sc) {
+	var de *ferry.DuplicateEventIDError
+	if errors.As(err, &sc) || errors.As(err, &de) {
 		return err
 	}
 	var uv *driver.UniqueViolationError
 	if errors.As(err, &uv) && strings.Contains(uv.Constraint, "event_id") {
-		return fmt.Errorf("outbox: %w: %w", ferry.ErrDuplicateEventID, err)
+		return duplicateOf(events, -1, uv.Detail, err)
 	}
 	return fmt.Errorf("outbox: insert: %w", err)
 }
+
+// duplicateOf builds the error for an event id already in the outbox: the
+// event at index, or (index < 0) the one whose id the database's detail
+// names ("Key (event_id)=(…) already exists.").
+func duplicateOf(events []ferry.Event, index int, detail string, err error) error {
+	if index < 0 {
+		if m := detailIDRE.FindStringSubmatch(detail); m != nil {
+			if id, perr := uuid.Parse(m[1]); perr == nil {
+				for i := range events {
+					if events[i].ID == id {
+						index = i
+						break
+					}
+				}
+			}
+		}
+	}
+	de := &ferry.DuplicateEventIDError{Index: index, Err: err}
+	if index >= 0 {
+		de.ID = events[index].ID
+	}
+	return de
+}
+
+var detailIDRE = regexp.MustCompile(`\(event_id\)=\(([0-9a-fA-F-]{36})\)`)

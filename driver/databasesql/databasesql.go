@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -58,6 +59,15 @@ func OpenSQLite(path string) (*sql.DB, error) {
 
 // DB returns the *sql.DB the driver was built with.
 func (d *Driver) DB() *sql.DB { return d.db }
+
+// MaxConns is the *sql.DB's SetMaxOpenConns cap (0: unlimited, the
+// database/sql default).
+func (d *Driver) MaxConns() int {
+	if d.db == nil {
+		return 0
+	}
+	return d.db.Stats().MaxOpenConnections
+}
 
 // Dialect returns the dialect given to New.
 func (d *Driver) Dialect() driver.Dialect { return d.dialect }
@@ -143,7 +153,7 @@ func mapError(err error) error {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return &driver.UniqueViolationError{Constraint: pgErr.ConstraintName, Err: err}
+		return &driver.UniqueViolationError{Constraint: pgErr.ConstraintName, Detail: pgErr.Detail, Err: err}
 	}
 	var sqErr *sqlite.Error
 	if errors.As(err, &sqErr) {
@@ -155,11 +165,16 @@ func mapError(err error) error {
 	return err
 }
 
-// constraintFromMessage extracts "table.column" lists from SQLite's
-// "UNIQUE constraint failed: t.a, t.b" message.
+// constraintFromMessage extracts the "table.column" list from modernc's
+// message "constraint failed: UNIQUE constraint failed: t.a, t.b (2067)":
+// the text after the last "constraint failed: ", without the result code.
 func constraintFromMessage(msg string) string {
-	if _, after, ok := strings.Cut(msg, "constraint failed: "); ok {
-		return strings.TrimSuffix(after, ")")
+	i := strings.LastIndex(msg, "constraint failed: ")
+	if i < 0 {
+		return ""
 	}
-	return ""
+	return strings.TrimSpace(resultCodeRE.ReplaceAllString(msg[i+len("constraint failed: "):], ""))
 }
+
+// resultCodeRE matches the " (2067)" result code modernc appends.
+var resultCodeRE = regexp.MustCompile(`\s*\(\d+\)\s*$`)

@@ -27,6 +27,15 @@ func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
 // Pool returns the pool the driver was built with.
 func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 
+// MaxConns is the pool's MaxConns (pool_max_conns; pgxpool's default is
+// max(4, CPUs)), or 0 without a pool.
+func (d *Driver) MaxConns() int {
+	if d.pool == nil {
+		return 0
+	}
+	return int(d.pool.Config().MaxConns)
+}
+
 // Dialect is always Postgres.
 func (d *Driver) Dialect() driver.Dialect { return driver.Postgres }
 
@@ -100,7 +109,7 @@ func (t *txExecutor) Rollback(ctx context.Context) error {
 func MapError(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return &driver.UniqueViolationError{Constraint: pgErr.ConstraintName, Err: err}
+		return &driver.UniqueViolationError{Constraint: pgErr.ConstraintName, Detail: pgErr.Detail, Err: err}
 	}
 	return err
 }

@@ -365,6 +365,8 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T) Harness[TTx]) {
 		}
 	})
 
+	t.Run("FailedCallLeavesNoTrace", func(t *testing.T) { failedCallCases(t, setup) })
+
 	t.Run("ValidationRejectsAndWritesNothing", func(t *testing.T) {
 		h, w := setup(t, outbox.WithLimits(ferry.Limits{MaxPayloadBytes: 1024}))
 		ctx := context.Background()
