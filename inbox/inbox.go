@@ -95,6 +95,7 @@ func New[TTx any](drv driver.Driver[TTx], name string, handler Handler[TTx], opt
 	if err != nil {
 		return nil, err
 	}
+	ib.checkPool(drv)
 	return ib, nil
 }
 

@@ -147,7 +147,10 @@ func WithStartPolicy[TTx any](p StartPolicy) Option[TTx] {
 
 // WithWorkers sets how many aggregates are applied in parallel (default 8).
 // Each aggregate hashes to one worker, so its events stay serial. More
-// workers than database connections only adds waiting.
+// workers than database connections only adds waiting: New logs a warning
+// when the driver's pool (driver.PoolSizer) has fewer than workers + 1
+// connections, and Run one when the consumer's broker window (natsjs max
+// ack pending, RabbitMQ prefetch) does not fit the in-flight bound.
 func WithWorkers[TTx any](n int) Option[TTx] {
 	return func(c *config[TTx]) { c.workers = n }
 }

@@ -29,6 +29,7 @@ func (ib *Inbox[TTx]) Run(ctx context.Context, c broker.Consumer) error {
 	}
 	ib.running.Store(&c)
 	defer ib.running.Store(nil)
+	ib.checkConsumer(c)
 
 	// intake stops Consume; work is what in-flight transactions run under,
 	// cancelled only after the drain timeout (or at once on a fault).

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/driver"
 )
 
 // DeadPolicy says what a dead row does to the later events of its aggregate.
@@ -183,7 +184,9 @@ func WithRegisterer(r prometheus.Registerer) Option { return func(c *config) { c
 // while draining a backlog (default 4), so one batch's database round
 // trips overlap another's broker round trips. A quiet relay uses one. A
 // shard is in at most one batch at a time, so per-aggregate order is
-// unaffected (an aggregate lives in one shard).
+// unaffected (an aggregate lives in one shard). Each worker holds a
+// database connection; New warns when the pool (driver.PoolSizer) has
+// fewer than workers + 1.
 func WithWorkers(n int) Option { return func(c *config) { c.workers = n } }
 
 // WithSynchronousMarks makes the relay's row updates wait for the WAL
@@ -253,6 +256,17 @@ func (c *config) check() error {
 		}
 	}
 	return nil
+}
+
+// checkPool warns when db's pool cap (driver.PoolSizer) is below what the
+// relay's workers need: one connection each plus one for the lease loop.
+func checkPool(log *slog.Logger, db DB, workers int) {
+	maxConns, ok := driver.MaxConns(db)
+	if !ok || db.Dialect() == driver.SQLite || maxConns >= workers+1 {
+		return
+	}
+	log.Warn(fmt.Sprintf("relay: database pool max conns %d < relay workers %d + 1: workers wait for connections and leases renew late; set pool_max_conns>=%d (pgxpool) or SetMaxOpenConns(%d) (database/sql), or WithWorkers(%d)",
+		maxConns, workers, workers+1, workers+1, max(1, maxConns-1)), "pool_max_conns", maxConns, "workers", workers, "need", workers+1)
 }
 
 func defaultInstanceID() string {

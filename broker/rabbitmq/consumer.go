@@ -60,6 +60,15 @@ func NewConsumer(url, queue string, opts ...Option) (*Consumer, error) {
 	return &Consumer{url: url, queue: queue, cfg: cfg}, nil
 }
 
+// InFlightLimits reports the prefetch window (the most unacked deliveries
+// the broker hands this consumer) and 0 for the client buffer and the
+// redelivery delay: RabbitMQ requeues a dead consumer's unacked messages
+// as soon as its connection closes. inbox.Run checks its workers against
+// the prefetch.
+func (c *Consumer) InFlightLimits() (maxUnacked, buffered int, redeliverAfter time.Duration) {
+	return c.cfg.prefetch, 0, 0
+}
+
 // Consume delivers the queue's messages to handle until ctx ends or Close.
 // When the connection is lost it reconnects with exponential backoff; the
 // broker requeues what was unacked on the lost channel (Ack of such a

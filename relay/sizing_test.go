@@ -1,0 +1,73 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/internal/testenv"
+)
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestPoolSizingWarning: New warns when the pool cannot serve the relay's
+// workers (naming both numbers and the fix); a sufficient pool logs nothing.
+func TestPoolSizingWarning(t *testing.T) {
+	n := startEmbeddedNATS(t)
+	pub := n.publisher(t)
+	base := testenv.PostgresURL(t)
+	sep := "?"
+	if strings.Contains(base, "?") {
+		sep = "&"
+	}
+	for _, c := range []struct {
+		maxConns string
+		workers  int
+		want     []string
+	}{
+		{"2", 4, []string{"max conns 2 < relay workers 4", "pool_max_conns>=5", "WithWorkers(1)"}},
+		{"5", 4, nil},
+	} {
+		pool, err := pgxpool.New(context.Background(), base+sep+"pool_max_conns="+c.maxConns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf syncBuf
+		log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		_, err = New(pgxv5.New(pool), pub, WithWorkers(c.workers), WithLogger(log))
+		pool.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := buf.String()
+		if c.want == nil && got != "" {
+			t.Fatalf("pool_max_conns %s, workers %d logged:\n%s", c.maxConns, c.workers, got)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("pool_max_conns %s: log lacks %q:\n%s", c.maxConns, w, got)
+			}
+		}
+	}
+}
