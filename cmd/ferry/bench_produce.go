@@ -47,7 +47,9 @@ x_outbox_max_seq (allocation from max(aggregate_seq)+1 of the outbox, no
 sequence row).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			applyEnv(cmd)
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			if sf.url == "" {
 				return fmt.Errorf("no database: set --database-url or FERRY_DATABASE_URL (Postgres)")

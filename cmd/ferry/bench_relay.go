@@ -59,7 +59,9 @@ in-process Kafka speaking the wire protocol). Peak RSS is this process's
 high-water mark, producer included: an upper bound for the relay's.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			applyEnv(cmd)
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
 			return runBenchRelay(cmd.Context(), cmd.OutOrStdout(), f)
 		},
 	}

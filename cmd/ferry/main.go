@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -19,7 +20,7 @@ func main() {
 		if errors.As(err, &ec) {
 			os.Exit(ec.code)
 		}
-		fmt.Fprintln(os.Stderr, "ferry:", err)
+		fmt.Fprintln(os.Stderr, errorLine(err))
 		os.Exit(1)
 	}
 }
@@ -29,3 +30,15 @@ func main() {
 type exitCodeError struct{ code int }
 
 func (e exitCodeError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// errorLine is the one line main prints for err. Library errors already
+// carry their package's prefix ("ferry: …", "relay: …"); the command adds
+// "ferry:" only when the message has none of its own, so nothing is said
+// twice.
+func errorLine(err error) string {
+	msg := err.Error()
+	if strings.HasPrefix(msg, "ferry: ") || strings.HasPrefix(msg, "ferry ") {
+		return msg
+	}
+	return "ferry: " + msg
+}

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -15,12 +17,13 @@ func newMigrateCmd() *cobra.Command {
 		Short: "Create or upgrade Ferry's tables (up), show their version (status), print the DDL (sql)",
 	}
 	var up, status storeFlags
+	var statusJSON bool
 	upCmd := &cobra.Command{
 		Use:   "up",
 		Short: "Apply pending migrations in one transaction",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := up.open(cmd.Context(), cmd)
+			s, err := up.openForMigrate(cmd.Context(), cmd, true)
 			if err != nil {
 				return err
 			}
@@ -44,7 +47,7 @@ func newMigrateCmd() *cobra.Command {
 		Short: "Show applied and pending migrations",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := status.open(cmd.Context(), cmd)
+			s, err := status.openForMigrate(cmd.Context(), cmd, false)
 			if err != nil {
 				return err
 			}
@@ -54,6 +57,29 @@ func newMigrateCmd() *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
+			if statusJSON {
+				type item struct {
+					Version   int        `json:"version"`
+					Name      string     `json:"name"`
+					AppliedAt *time.Time `json:"applied_at,omitempty"`
+				}
+				doc := struct {
+					Current int    `json:"current"`
+					Latest  int    `json:"latest"`
+					Applied []item `json:"applied"`
+					Pending []item `json:"pending"`
+				}{Current: st.Current, Latest: st.Latest, Applied: []item{}, Pending: []item{}}
+				for _, a := range st.Applied {
+					at := a.AppliedAt.UTC()
+					doc.Applied = append(doc.Applied, item{Version: a.Version, Name: a.Name, AppliedAt: &at})
+				}
+				for _, m := range st.Pending {
+					doc.Pending = append(doc.Pending, item{Version: m.Version, Name: m.Name})
+				}
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(doc)
+			}
 			fmt.Fprintf(out, "version %d of %d\n", st.Current, st.Latest)
 			for _, a := range st.Applied {
 				fmt.Fprintf(out, "  applied  %04d_%s  %s\n", a.Version, a.Name, a.AppliedAt.UTC().Format("2006-01-02 15:04:05Z"))
@@ -65,6 +91,7 @@ func newMigrateCmd() *cobra.Command {
 		},
 	}
 	status.register(statusCmd)
+	statusCmd.Flags().BoolVar(&statusJSON, "json", false, "print the status as JSON")
 	var sqlFlags storeFlags
 	var dialect string
 	sqlCmd := &cobra.Command{
@@ -72,7 +99,9 @@ func newMigrateCmd() *cobra.Command {
 		Short: "Print the DDL of every migration (for goose, atlas, golang-migrate)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			applyEnv(cmd)
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
 			d := driver.Dialect(dialect)
 			if d != driver.Postgres && d != driver.SQLite {
 				return fmt.Errorf("--dialect must be postgres or sqlite, got %q", dialect)

@@ -63,7 +63,12 @@ func TestMigrateUpStatusCLI(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			out, err := runCLI(t, "migrate", "status", "--database-url", url)
-			if err != nil || !strings.Contains(out, "version 0 of") || !strings.Contains(out, "pending  0001_outbox") {
+			if name == "sqlite" {
+				// A read-only command never creates the file.
+				if err == nil || !strings.Contains(err.Error(), "does not exist") {
+					t.Fatalf("status before on a missing SQLite file: %v\n%s", err, out)
+				}
+			} else if err != nil || !strings.Contains(out, "version 0 of") || !strings.Contains(out, "pending  0001_outbox") {
 				t.Fatalf("status before: %v\n%s", err, out)
 			}
 			out, err = runCLI(t, "migrate", "up", "--database-url", url)

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferryhq/ferry/internal/testenv"
+)
+
+// TestCLIAsANewcomer: what a new user types by mistake gets a clear error
+// that names what is accepted or what to do, and never a silent success or
+// a file created on the side.
+func TestCLIAsANewcomer(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	empty := filepath.Join(dir, "empty.db")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil { // a valid, empty SQLite database
+		t.Fatal(err)
+	}
+	migrated := "sqlite:" + filepath.Join(dir, "ferry.db")
+	if out, err := runCLI(t, "migrate", "up", "--database-url", migrated); err != nil {
+		t.Fatalf("migrate up: %v\n%s", err, out)
+	}
+	pg := testenv.NewPostgresSchema(t)
+
+	for _, c := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		wantErr []string // every fragment must be in the error
+		wantOut []string // every fragment must be in the output (no error)
+	}{
+		{name: "mysql scheme", args: []string{"status", "--database-url", "mysql://root@127.0.0.1:3306/test"},
+			wantErr: []string{`scheme "mysql"`, "not supported", "postgres://", "sqlite:PATH"}},
+		{name: "http scheme", args: []string{"dlq", "list", "--database-url", "http://example.test/db"},
+			wantErr: []string{`scheme "http"`, "postgres://"}},
+		{name: "misspelt postgres", args: []string{"status", "--database-url", "postgress://postgres@127.0.0.1/test"},
+			wantErr: []string{`scheme "postgress"`, "postgresql://"}},
+		{name: "password redacted", args: []string{"status", "--database-url", "mysql://root:hunter2@127.0.0.1/test"},
+			wantErr: []string{`scheme "mysql"`, "xxxxx"}},
+		{name: "bare name", args: []string{"status", "--database-url", "newcomer_db"},
+			wantErr: []string{`"newcomer_db" is neither a URL nor a SQLite file name`, ".db"}},
+		{name: "missing sqlite file", args: []string{"parked", "list", "--database-url", "sqlite:" + filepath.Join(dir, "nope.db")},
+			wantErr: []string{"does not exist", "ferry migrate up --database-url sqlite:"}},
+		{name: "missing file by extension", args: []string{"evidence", "0190e5f8-0000-7000-8000-000000000001", "--database-url", "typo.db"},
+			wantErr: []string{"does not exist"}},
+		{name: "sqlite without tables", args: []string{"dlq", "list", "--database-url", "sqlite:" + empty},
+			wantErr: []string{"not installed", "ferry_outbox", "ferry migrate up"}},
+		{name: "postgres without tables", args: []string{"status", "--database-url", pg.URL},
+			wantErr: []string{"not installed", "ferry_outbox", "ferry migrate up"}},
+		{name: "no database", args: []string{"status"},
+			wantErr: []string{"--database-url", "FERRY_DATABASE_URL"}},
+		{name: "unknown subcommand", args: []string{"migrate", "down"},
+			wantErr: []string{`unknown command "down" for "ferry migrate"`, "available: sql, status, up"}},
+		{name: "unknown nested subcommand", args: []string{"dlq", "purge"},
+			wantErr: []string{`unknown command "purge" for "ferry dlq"`}},
+		{name: "unknown top-level command", args: []string{"serve"},
+			wantErr: []string{`unknown command "serve" for "ferry"`}},
+		{name: "group alone prints help", args: []string{"migrate"},
+			wantOut: []string{"Usage:", "ferry migrate [command]"}},
+		{name: "version", args: []string{"--version"},
+			wantOut: []string{"ferry ", "go1."}},
+		{name: "environment database url", args: []string{"migrate", "status"}, env: map[string]string{"FERRY_DATABASE_URL": migrated},
+			wantOut: []string{"applied  0001_outbox"}},
+		{name: "bad environment value", args: []string{"migrate", "status", "--database-url", migrated}, env: map[string]string{"FERRY_JSON": "maybe"},
+			wantErr: []string{"FERRY_JSON", `"maybe"`, "--json"}},
+		{name: "migrate status json", args: []string{"migrate", "status", "--json", "--database-url", migrated},
+			wantOut: []string{`"current":`, `"pending": []`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			out, err := runCLI(t, c.args...)
+			if len(c.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("ferry %s succeeded; want an error with %q\n%s", strings.Join(c.args, " "), c.wantErr, out)
+				}
+				for _, w := range c.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q lacks %q", err, w)
+					}
+				}
+				if n := strings.Count(errorLine(err), "ferry: ferry:"); n != 0 {
+					t.Errorf("error printed with a doubled prefix: %s", errorLine(err))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ferry %s: %v\n%s", strings.Join(c.args, " "), err, out)
+			}
+			for _, w := range c.wantOut {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+	// Nothing above created a file, but migrate up.
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		switch e.Name() {
+		case "empty.db", "ferry.db", "ferry.db-wal", "ferry.db-shm", "empty.db-wal", "empty.db-shm":
+		default:
+			t.Errorf("a command created %s", e.Name())
+		}
+	}
+	// The JSON of migrate status is a document, current = latest.
+	out, err := runCLI(t, "migrate", "status", "--json", "--database-url", migrated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct{ Current, Latest int }
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.Current == 0 || st.Current != st.Latest {
+		t.Fatalf("migrate status --json: %v %+v\n%s", err, st, out)
+	}
+}
+
+func TestErrorLineSaysFerryOnce(t *testing.T) {
+	for in, want := range map[string]string{
+		"ferry: invalid config: x":  "ferry: invalid config: x",
+		"connect postgres: refused": "ferry: connect postgres: refused",
+	} {
+		if got := errorLine(errors.New(in)); got != want {
+			t.Errorf("errorLine(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
