@@ -105,6 +105,9 @@ func NewConsumer(seeds []string, group string, topics []string, opts ...Option) 
 	if err != nil {
 		return nil, err
 	}
+	if err := cfg.group.resolve(); err != nil {
+		return nil, err
+	}
 	c := &Consumer{
 		group:  group,
 		cfg:    cfg,
@@ -126,6 +129,7 @@ func NewConsumer(seeds []string, group string, topics []string, opts ...Option) 
 		kgo.OnPartitionsLost(c.onLost),
 		kgo.WithLogger(kgoLogger{cfg.logger}),
 	}
+	kopts = append(kopts, cfg.group.kgoOpts()...)
 	kopts = append(kopts, cfg.kgoOpts...)
 	cl, err := kgo.NewClient(kopts...)
 	if err != nil {
@@ -498,7 +502,9 @@ func (c *Consumer) Lag(ctx context.Context) (Lag, error) {
 }
 
 // Close stops a running Consume (which commits the acked prefixes), leaves
-// the group and closes the connections. It is safe to call twice.
+// the group and closes the connections. It is safe to call twice. A static
+// member ([WithInstanceID]) does not leave: its partitions wait for it to
+// come back under the same id, or for its session timeout.
 func (c *Consumer) Close() error {
 	if c.run.Close() {
 		c.cl.Close()

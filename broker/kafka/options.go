@@ -46,6 +46,7 @@ type config struct {
 	maxPollRecords  int
 	clientID        string
 	maxRecordBytes  int
+	group           groupConfig // consumer group membership (group.go)
 }
 
 func newConfig(opts []Option) (config, error) {
