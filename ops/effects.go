@@ -40,6 +40,8 @@ type EffectFilter struct {
 	// Limit bounds the rows listed or changed (default DefaultActionLimit,
 	// at most MaxActionLimit).
 	Limit int
+	// After is the NextCursor of the previous page (listing only).
+	After string
 }
 
 func (f EffectFilter) empty() bool {
@@ -102,10 +104,18 @@ func (o *Ops) requireEffects(ctx context.Context) error {
 	return nil
 }
 
+func (o *Ops) effectCols() string {
+	return `id, idem_key, consumer, tenant_id, ` + o.uuidText("event_id") + `, step, target, operation,
+    attempts, reconciliations, last_error, created_at, completed_at`
+}
+
 func (o *Ops) queryFailedEffects(ctx context.Context, exec driver.Executor, w *where, limit int, lock string) ([]FailedEffect, error) {
-	rows, err := exec.Query(ctx, fmt.Sprintf(`SELECT id, idem_key, consumer, tenant_id, %s, step, target, operation,
-    attempts, reconciliations, last_error, created_at, completed_at
-FROM %s WHERE %s ORDER BY id LIMIT %d%s`, o.uuidText("event_id"), o.t("effects"), w.sql(), limit, lock), w.args...)
+	return o.scanFailedEffects(ctx, exec, fmt.Sprintf(`SELECT %s FROM %s WHERE %s ORDER BY id LIMIT %d%s`,
+		o.effectCols(), o.t("effects"), w.sql(), limit, lock), w.args...)
+}
+
+func (o *Ops) scanFailedEffects(ctx context.Context, exec driver.Executor, q string, args ...any) ([]FailedEffect, error) {
+	rows, err := exec.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("ops: read failed effects: %w", err)
 	}
@@ -124,17 +134,29 @@ FROM %s WHERE %s ORDER BY id LIMIT %d%s`, o.uuidText("event_id"), o.t("effects")
 	return out, rows.Err()
 }
 
-// ListFailedEffects lists failed effect intents matching f, oldest first.
+// ListFailedEffects lists failed effect intents matching f, oldest first:
+// one page of ListFailedEffectsPage.
 func (o *Ops) ListFailedEffects(ctx context.Context, f EffectFilter) ([]FailedEffect, error) {
+	p, err := o.ListFailedEffectsPage(ctx, f)
+	return p.Rows, err
+}
+
+// ListFailedEffectsPage lists one page (f.Limit rows, default
+// DefaultActionLimit) of the failed intents matching f after f.After, in
+// id order, with the cursor of the next page and the total.
+func (o *Ops) ListFailedEffectsPage(ctx context.Context, f EffectFilter) (Page[FailedEffect], error) {
 	if err := f.check(); err != nil {
-		return nil, err
+		return Page[FailedEffect]{}, err
 	}
 	if err := o.requireEffects(ctx); err != nil {
-		return nil, err
+		return Page[FailedEffect]{}, err
 	}
 	w := &where{}
 	o.effectWhere(w, f)
-	return o.queryFailedEffects(ctx, o.db.Executor(), w, Filter{Limit: f.Limit}.limit(), "")
+	return listPage(ctx, o, "effects", w, f.After, Filter{Limit: f.Limit}.limit(),
+		func(exec driver.Executor, q string, args ...any) ([]FailedEffect, error) {
+			return o.scanFailedEffects(ctx, exec, q, args...)
+		}, o.effectCols(), func(e FailedEffect) int64 { return e.ID })
 }
 
 // RequeueFailedEffects puts failed effect intents matching f back to
@@ -154,6 +176,9 @@ func (o *Ops) ListFailedEffects(ctx context.Context, f EffectFilter) ([]FailedEf
 func (o *Ops) RequeueFailedEffects(ctx context.Context, f EffectFilter, a Approval) (EffectResult, error) {
 	const action = "effects.requeue"
 	if err := f.check(); err != nil {
+		return EffectResult{}, err
+	}
+	if err := refuseCursor(f.After); err != nil {
 		return EffectResult{}, err
 	}
 	if f.empty() && !f.All {

@@ -47,6 +47,8 @@ type Filter struct {
 	// Limit bounds the rows listed or changed (default DefaultActionLimit,
 	// at most MaxActionLimit).
 	Limit int
+	// After is the NextCursor of the previous page (listing only).
+	After string
 }
 
 func (f Filter) empty() bool {

@@ -106,6 +106,14 @@ const (
 // first, at most f.Limit (default DefaultActionLimit). IncludeDiscarded
 // also lists discarded ones.
 func (o *Ops) ListDead(ctx context.Context, f Filter, includeDiscarded bool) ([]OutboxMessage, error) {
+	p, err := o.ListDeadPage(ctx, f, includeDiscarded)
+	return p.Rows, err
+}
+
+// ListDeadPage lists one page (f.Limit rows, default DefaultActionLimit)
+// of the dead letters matching f after f.After, in id order, with the
+// cursor of the next page and the total.
+func (o *Ops) ListDeadPage(ctx context.Context, f Filter, includeDiscarded bool) (Page[OutboxMessage], error) {
 	set := setDead
 	if includeDiscarded {
 		set = setDeadAll
@@ -115,18 +123,21 @@ func (o *Ops) ListDead(ctx context.Context, f Filter, includeDiscarded bool) ([]
 
 // ListSent lists sent rows matching f (what Replay would select).
 func (o *Ops) ListSent(ctx context.Context, f Filter) ([]OutboxMessage, error) {
-	return o.listOutbox(ctx, setSent, f)
+	p, err := o.listOutbox(ctx, setSent, f)
+	return p.Rows, err
 }
 
-func (o *Ops) listOutbox(ctx context.Context, set outboxSet, f Filter) ([]OutboxMessage, error) {
+func (o *Ops) listOutbox(ctx context.Context, set outboxSet, f Filter) (Page[OutboxMessage], error) {
 	if err := f.check(); err != nil {
-		return nil, err
+		return Page[OutboxMessage]{}, err
 	}
 	w := &where{}
 	w.add(string(set))
 	o.outboxWhere(w, f, o.now())
-	q := fmt.Sprintf(`SELECT %s FROM %s WHERE %s%s LIMIT %d`, o.outboxCols(), o.t("outbox"), w.sql(), outboxOrderBy, f.limit())
-	return o.queryOutbox(ctx, o.db.Executor(), q, w.args...)
+	return listPage(ctx, o, "outbox", w, f.After, f.limit(),
+		func(exec driver.Executor, q string, args ...any) ([]OutboxMessage, error) {
+			return o.queryOutbox(ctx, exec, q, args...)
+		}, o.outboxCols(), func(m OutboxMessage) int64 { return m.ID })
 }
 
 // Message returns the outbox row of one event id.
@@ -221,6 +232,9 @@ func (o *Ops) Replay(ctx context.Context, f Filter, a Approval) (Result, error) 
 
 func (o *Ops) runOutboxAction(ctx context.Context, f Filter, a Approval, act outboxAction) (Result, error) {
 	if err := f.check(); err != nil {
+		return Result{}, err
+	}
+	if err := refuseCursor(f.After); err != nil {
 		return Result{}, err
 	}
 	if f.empty() && !f.All {

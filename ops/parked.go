@@ -31,6 +31,8 @@ type ParkedFilter struct {
 	IncludeResolved bool
 	All             bool
 	Limit           int
+	// After is the NextCursor of the previous page (listing only).
+	After string
 }
 
 var parkReasons = map[string]bool{"gap": true, "schema": true, "unauthorized": true, "poison": true, "collision": true, "undecodable": true}
@@ -177,18 +179,29 @@ func (o *Ops) requireInbox(ctx context.Context) error {
 	return nil
 }
 
-// ListParked lists parked messages matching f, oldest id first.
+// ListParked lists parked messages matching f, oldest id first: one page
+// of ListParkedPage.
 func (o *Ops) ListParked(ctx context.Context, f ParkedFilter) ([]ParkedMessage, error) {
+	p, err := o.ListParkedPage(ctx, f)
+	return p.Rows, err
+}
+
+// ListParkedPage lists one page (f.Limit rows, default
+// DefaultActionLimit) of the parked messages matching f after f.After, in
+// id order, with the cursor of the next page and the total.
+func (o *Ops) ListParkedPage(ctx context.Context, f ParkedFilter) (Page[ParkedMessage], error) {
 	if err := f.check(); err != nil {
-		return nil, err
+		return Page[ParkedMessage]{}, err
 	}
 	if err := o.requireInbox(ctx); err != nil {
-		return nil, err
+		return Page[ParkedMessage]{}, err
 	}
 	w := &where{}
 	o.parkedWhere(w, f, o.now())
-	return o.queryParked(ctx, o.db.Executor(), fmt.Sprintf(`SELECT %s FROM %s WHERE %s ORDER BY id LIMIT %d`,
-		o.parkedCols(), o.t("inbox_parked"), w.sql(), Filter{Limit: f.Limit}.limit()), w.args...)
+	return listPage(ctx, o, "inbox_parked", w, f.After, Filter{Limit: f.Limit}.limit(),
+		func(exec driver.Executor, q string, args ...any) ([]ParkedMessage, error) {
+			return o.queryParked(ctx, exec, q, args...)
+		}, o.parkedCols(), func(p ParkedMessage) int64 { return p.ID })
 }
 
 // Parked returns one parked message by id.
@@ -239,6 +252,9 @@ func (o *Ops) RequestReleaseGap(ctx context.Context, f ParkedFilter, a Approval)
 
 func (o *Ops) requestParked(ctx context.Context, f ParkedFilter, a Approval, kind string) (ParkedResult, error) {
 	if err := f.check(); err != nil {
+		return ParkedResult{}, err
+	}
+	if err := refuseCursor(f.After); err != nil {
 		return ParkedResult{}, err
 	}
 	if f.empty() && !f.All {

@@ -26,9 +26,10 @@ func newDLQListCmd() *cobra.Command {
 	var f opsFlags
 	var ff outboxFilterFlags
 	var discarded bool
+	var after string
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List dead letters, oldest first",
+		Short: "List dead letters, oldest first, a page at a time (--limit, --after)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			filter, err := ff.filter()
@@ -40,15 +41,17 @@ func newDLQListCmd() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			ms, err := o.ListDead(cmd.Context(), filter, discarded)
+			filter.After = after
+			p, err := o.ListDeadPage(cmd.Context(), filter, discarded)
 			if err != nil {
 				return err
 			}
-			return printList(cmd.OutOrStdout(), f.json, ms, "dead letter(s)", printOutboxRows)
+			return printPage(cmd.OutOrStdout(), f.json, p, "dead letter(s)", printOutboxRows)
 		},
 	}
 	f.register(cmd)
 	ff.register(cmd)
+	addAfterFlag(cmd, &after)
 	cmd.Flags().BoolVar(&discarded, "include-discarded", false, "also list discarded dead letters")
 	return cmd
 }

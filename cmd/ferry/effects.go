@@ -56,9 +56,10 @@ func (f *effectFilterFlags) filter() ops.EffectFilter {
 func newEffectsFailedCmd() *cobra.Command {
 	var f opsFlags
 	var ff effectFilterFlags
+	var after string
 	cmd := &cobra.Command{
 		Use:   "failed",
-		Short: "List failed effect intents, oldest first (requests are never printed)",
+		Short: "List failed effect intents, oldest first, a page at a time (--limit, --after; requests are never printed)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, o, err := f.open(cmd)
@@ -66,15 +67,18 @@ func newEffectsFailedCmd() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			es, err := o.ListFailedEffects(cmd.Context(), ff.filter())
+			filter := ff.filter()
+			filter.After = after
+			p, err := o.ListFailedEffectsPage(cmd.Context(), filter)
 			if err != nil {
 				return err
 			}
-			return printList(cmd.OutOrStdout(), f.json, es, "failed effect(s)", printEffectRows)
+			return printPage(cmd.OutOrStdout(), f.json, p, "failed effect(s)", printEffectRows)
 		},
 	}
 	f.register(cmd)
 	ff.register(cmd, false)
+	addAfterFlag(cmd, &after)
 	return cmd
 }
 

@@ -31,8 +31,8 @@ func TestEffectsCommandsCLI(t *testing.T) {
 		t.Fatalf("failed: %v\n%s", err, out)
 	}
 	out, err = runCLI(t, "effects", "failed", "--database-url", s.URL, "--target", "payments", "--json")
-	var es []ops.FailedEffect
-	if err != nil || json.Unmarshal([]byte(out), &es) != nil || len(es) != 1 || es[0].Key != "fx1_a" {
+	var page ops.Page[ops.FailedEffect]
+	if err != nil || json.Unmarshal([]byte(out), &page) != nil || len(page.Rows) != 1 || page.Rows[0].Key != "fx1_a" || page.Total != 1 {
 		t.Fatalf("failed --json: %v\n%s", err, out)
 	}
 	if out, err := runCLI(t, "effects", "requeue", "--database-url", s.URL, "--approve", "--reason", "x"); err == nil {

@@ -18,6 +18,7 @@ type parkedFilterFlags struct {
 	olderThan                                       time.Duration
 	resolved, all                                   bool
 	limit                                           int
+	after                                           string
 }
 
 func (f *parkedFilterFlags) register(cmd *cobra.Command, listing bool) {
@@ -34,6 +35,7 @@ func (f *parkedFilterFlags) register(cmd *cobra.Command, listing bool) {
 	fl.IntVar(&f.limit, "limit", 0, fmt.Sprintf("rows per run (default %d)", ops.DefaultActionLimit))
 	if listing {
 		fl.BoolVar(&f.resolved, "include-resolved", false, "also list resolved messages")
+		addAfterFlag(cmd, &f.after)
 	} else {
 		fl.BoolVar(&f.all, "all", false, "act on every open parked message when no other filter is given")
 	}
@@ -42,7 +44,7 @@ func (f *parkedFilterFlags) register(cmd *cobra.Command, listing bool) {
 func (f *parkedFilterFlags) filter() ops.ParkedFilter {
 	return ops.ParkedFilter{Consumer: f.consumer, Reason: f.reason, IDs: f.ids, EventIDs: f.eventIDs, TenantID: f.tenant,
 		AggregateType: f.aggType, AggregateID: f.aggID, EventType: f.evtyp, OlderThan: f.olderThan,
-		IncludeResolved: f.resolved, All: f.all, Limit: f.limit}
+		IncludeResolved: f.resolved, All: f.all, Limit: f.limit, After: f.after}
 }
 
 func newParkedCmd() *cobra.Command {
@@ -91,7 +93,7 @@ func newParkedListCmd() *cobra.Command {
 	var pf parkedFilterFlags
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List parked messages (open ones unless --include-resolved)",
+		Short: "List parked messages (open ones unless --include-resolved), a page at a time (--limit, --after)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, o, err := f.open(cmd)
@@ -99,11 +101,11 @@ func newParkedListCmd() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			ps, err := o.ListParked(cmd.Context(), pf.filter())
+			p, err := o.ListParkedPage(cmd.Context(), pf.filter())
 			if err != nil {
 				return err
 			}
-			return printList(cmd.OutOrStdout(), f.json, ps, "parked message(s)", printParked)
+			return printPage(cmd.OutOrStdout(), f.json, p, "parked message(s)", printParked)
 		},
 	}
 	f.register(cmd)
