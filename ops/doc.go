@@ -17,8 +17,11 @@
 // of the relay's last heartbeat, at most one lease tick old); per
 // consumer the applied rate, parked messages by reason with the oldest age
 // and open gaps; open effect intents by state (pending, in_flight,
-// unknown) with the oldest unknown; CDC slot lag. Tables that are not
-// installed are listed in Status.Missing. Status never scans the bulk of a
+// unknown) with the oldest unknown; CDC slot lag. Status.Sections says for
+// each part whether it was read, is not installed (none of its tables, and
+// its migration not recorded), or failed; a missing or unreadable table
+// that should exist fails its section and Status returns ErrStatusIncomplete
+// with the rest, so it never reads as zero. Status never scans the bulk of a
 // table: the outbox is read through its unsent rows, the inbox by index
 // probes per consumer, the effect ledger through its open-intent index —
 // so a scrape costs in proportion to the backlog, not to history.

@@ -2,6 +2,7 @@ package ops
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,7 @@ type Collector struct {
 	softCap  int64
 	hardCap  int64
 	up       *prometheus.Desc
+	section  *prometheus.Desc
 	pending  *prometheus.Desc
 	oldest   *prometheus.Desc
 	dead     *prometheus.Desc
@@ -59,6 +61,7 @@ func WithCaps(soft, hard int64) CollectorOption {
 // Metric names the Collector exports (a contract: deploy/ alerts use them).
 const (
 	MetricUp                   = "ferry_ops_up"
+	MetricSectionUp            = "ferry_ops_section_up"
 	MetricTopicPending         = "ferry_ops_outbox_pending"
 	MetricTopicOldestPending   = "ferry_ops_outbox_oldest_pending_age_seconds"
 	MetricTopicDead            = "ferry_ops_outbox_dead"
@@ -88,7 +91,8 @@ func NewCollector(o *Ops, opts ...CollectorOption) *Collector {
 	c := &Collector{
 		o:        o,
 		timeout:  5 * time.Second,
-		up:       d(MetricUp, "1 when the last scrape read the tables, 0 when it failed."),
+		up:       d(MetricUp, "1 when the last scrape read every table that should exist, 0 when any section failed or the database was unreachable."),
+		section:  d(MetricSectionUp, "Per status section (outbox, relay, inbox, effects, ops, cdc) that should exist: 1 when read, 0 when a table is missing or unreadable; absent for a section that is not installed.", "section"),
 		pending:  d(MetricTopicPending, "Pending outbox rows per topic.", "topic"),
 		oldest:   d(MetricTopicOldestPending, "Age (now - created_at) of the oldest pending outbox row per topic; 0 when none.", "topic"),
 		dead:     d(MetricTopicDead, "Dead letters (dead, not discarded) per topic.", "topic"),
@@ -117,7 +121,7 @@ func NewCollector(o *Ops, opts ...CollectorOption) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.pending, c.oldest, c.dead, c.discard, c.total, c.totalAge, c.soft, c.hard,
+	for _, d := range []*prometheus.Desc{c.up, c.section, c.pending, c.oldest, c.dead, c.discard, c.total, c.totalAge, c.soft, c.hard,
 		c.unowned, c.owned, c.live, c.parked, c.parkAge, c.gaps, c.gapAge, c.applied, c.effects, c.unknown, c.slotLag} {
 		ch <- d
 	}
@@ -133,33 +137,53 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	st, err := c.o.Status(ctx)
 	if err != nil {
 		c.o.cfg.log.WarnContext(ctx, "ferry ops scrape failed", "err", err)
+	}
+	if err != nil && !errors.Is(err, ErrStatusIncomplete) {
 		g(c.up, 0)
 		return
 	}
-	g(c.up, 1)
-	for _, t := range st.Topics {
-		g(c.pending, float64(t.Pending), t.Topic)
-		g(c.oldest, t.OldestPendingAge, t.Topic)
-		g(c.dead, float64(t.Dead), t.Topic)
+	// A failed section exports no gauges of its own (unknown is not zero)
+	// and its ferry_ops_section_up is 0; the others report as usual.
+	up := 1.0
+	for _, s := range st.Sections {
+		switch s.State {
+		case SectionOK:
+			g(c.section, 1, s.Name)
+		case SectionFailed:
+			g(c.section, 0, s.Name)
+			up = 0
+		}
 	}
-	g(c.discard, float64(st.Outbox.Discarded))
-	g(c.total, float64(st.Outbox.Pending))
-	g(c.totalAge, st.Outbox.OldestPendingAge)
+	g(c.up, up)
 	if c.softCap > 0 {
 		g(c.soft, float64(c.softCap))
 	}
 	if c.hardCap > 0 {
 		g(c.hard, float64(c.hardCap))
 	}
-	g(c.unowned, float64(st.UnownedShards))
-	live := 0
-	for _, r := range st.Relays {
-		g(c.owned, float64(len(r.OwnedShards)), r.InstanceID)
-		if r.Live {
-			live++
+	if st.SectionOK(SectionOutbox) {
+		for _, t := range st.Topics {
+			g(c.pending, float64(t.Pending), t.Topic)
+			g(c.oldest, t.OldestPendingAge, t.Topic)
+			g(c.dead, float64(t.Dead), t.Topic)
 		}
+		g(c.discard, float64(st.Outbox.Discarded))
+		g(c.total, float64(st.Outbox.Pending))
+		g(c.totalAge, st.Outbox.OldestPendingAge)
 	}
-	g(c.live, float64(live))
+	if st.SectionOK(SectionRelay) {
+		if st.SectionOK(SectionOutbox) {
+			g(c.unowned, float64(st.UnownedShards))
+		}
+		live := 0
+		for _, r := range st.Relays {
+			g(c.owned, float64(len(r.OwnedShards)), r.InstanceID)
+			if r.Live {
+				live++
+			}
+		}
+		g(c.live, float64(live))
+	}
 	for _, cs := range st.Consumers {
 		for _, p := range cs.Parked {
 			g(c.parked, float64(p.Count), cs.Consumer, p.Reason)
@@ -182,7 +206,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // MetricNames lists every metric the Collector exports.
 func MetricNames() []string {
-	return []string{MetricUp, MetricTopicPending, MetricTopicOldestPending, MetricTopicDead, MetricDiscarded, MetricPendingTotal,
+	return []string{MetricUp, MetricSectionUp, MetricTopicPending, MetricTopicOldestPending, MetricTopicDead, MetricDiscarded, MetricPendingTotal,
 		MetricOldestPendingTotal, MetricSoftCap, MetricHardCap, MetricUnownedShards, MetricRelayOwnedShards, MetricRelayLive,
 		MetricParked, MetricParkedOldest, MetricOpenGaps, MetricOldestGap, MetricAppliedLastMinute, MetricEffects,
 		MetricEffectsOldestUnknown, MetricCDCSlotLag}

@@ -42,6 +42,10 @@ var (
 	ErrUnsupported = errors.New("ops: not supported by this schema")
 	// ErrInvalidArgument: an argument failed validation; see *ArgError.
 	ErrInvalidArgument = errors.New("ops: invalid argument")
+	// ErrStatusIncomplete: Status could not read a section that should
+	// exist (a missing or unreadable table); see *StatusError. The
+	// section's numbers are unknown, not zero.
+	ErrStatusIncomplete = errors.New("ops: status incomplete")
 )
 
 // ArgError names the argument that was rejected and why.

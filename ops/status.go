@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/ferryhq/ferry/driver"
@@ -25,7 +26,11 @@ type Status struct {
 	Consumers     []ConsumerStatus `json:"consumers"`
 	Effects       []EffectStatus   `json:"effects"`
 	CDC           []CDCSlotStatus  `json:"cdc,omitempty"`
-	// Missing names optional tables that are not installed.
+	// Sections says, for each part above, whether it was read, is not
+	// installed, or failed (and why).
+	Sections []SectionStatus `json:"sections"`
+	// Missing names the tables (base names) that do not exist, whether
+	// their section is not installed or failed.
 	Missing []string `json:"missing,omitempty"`
 }
 
@@ -113,43 +118,248 @@ type CDCSlotStatus struct {
 	LastError string  `json:"last_error,omitempty"`
 }
 
-// Status reads the snapshot. Optional tables (leases, inbox, effects, CDC)
-// are reported when installed and listed in Missing otherwise.
+// Status reads the snapshot, section by section (see Sections). A section
+// whose tables are missing or unreadable never reads as zero: it is marked
+// failed with the reason, its numbers are left empty, and Status returns a
+// *StatusError (errors.Is ErrStatusIncomplete) together with everything
+// the other sections read. A section that is not installed, and need not
+// be, is reported as such without an error. Any other error (the database
+// cannot be reached) is returned as is.
 func (o *Ops) Status(ctx context.Context) (Status, error) {
 	exec := o.db.Executor()
 	now := o.now()
 	// Empty lists, not nulls, for programs reading --json.
-	st := Status{At: now, Topics: []TopicStatus{}, Shards: []ShardStatus{}, Relays: []RelayStatus{},
-		Consumers: []ConsumerStatus{}, Effects: []EffectStatus{}}
-	var err error
-	if st.Window, err = o.replayWindow(ctx, exec); err != nil {
+	st := Status{At: now, Window: o.cfg.window, Topics: []TopicStatus{}, Shards: []ShardStatus{}, Relays: []RelayStatus{},
+		Consumers: []ConsumerStatus{}, Effects: []EffectStatus{}, Sections: []SectionStatus{}}
+	present, recorded, err := o.installed(ctx, exec)
+	if err != nil {
 		return st, err
 	}
-	if err := o.outboxStatus(ctx, exec, now, &st); err != nil {
-		return st, err
+	read := map[string]func(context.Context, driver.Executor, time.Time, *Status) error{
+		SectionOutbox:  o.outboxStatus,
+		SectionRelay:   o.leaseStatus,
+		SectionInbox:   o.consumerStatus,
+		SectionEffects: o.effectStatus,
+		SectionOps: func(ctx context.Context, exec driver.Executor, _ time.Time, st *Status) error {
+			w, err := o.replayWindow(ctx, exec)
+			st.Window = w
+			return err
+		},
+		SectionCDC: o.cdcStatus,
 	}
-	for _, part := range []struct {
-		table string
-		fn    func(context.Context, driver.Executor, time.Time, *Status) error
-	}{
-		{"relay_leases", o.leaseStatus},
-		{"inbox", o.consumerStatus},
-		{"effects", o.effectStatus},
-		{"cdc_slot", o.cdcStatus},
-	} {
-		ok, err := o.tableExists(ctx, exec, part.table)
-		if err != nil {
-			return st, err
-		}
-		if !ok {
-			st.Missing = append(st.Missing, part.table)
+	for _, def := range sections {
+		if def.pgOnly && !o.pg() {
 			continue
 		}
-		if err := part.fn(ctx, exec, now, &st); err != nil {
-			return st, err
+		sec := SectionStatus{Name: def.name, Migration: def.migration, Tables: make([]string, len(def.tables))}
+		anyPresent := false
+		for i, base := range def.tables {
+			sec.Tables[i] = o.cfg.tables.Bare(base)
+			if present[base] {
+				anyPresent = true
+			} else {
+				sec.Missing = append(sec.Missing, sec.Tables[i])
+				st.Missing = append(st.Missing, base)
+			}
 		}
+		sec.Required = def.always || anyPresent || recorded[def.version]
+		switch {
+		case len(sec.Missing) == 0:
+			if err := read[def.name](ctx, exec, now, &st); err != nil {
+				sec.State, sec.Error = SectionFailed, err.Error()
+				def.reset(&st, o.cfg.window)
+			} else {
+				sec.State = SectionOK
+			}
+		case !sec.Required:
+			sec.State = SectionNotInstalled
+		default:
+			sec.State = SectionFailed
+			why := "other tables of that migration exist"
+			switch {
+			case def.always:
+				why = "the outbox is always required"
+			case recorded[def.version]:
+				why = fmt.Sprintf("migration %s is recorded as applied", def.migration)
+			}
+			sec.Error = fmt.Sprintf("table %s missing (%s)", strings.Join(sec.Missing, ", "), why)
+		}
+		st.Sections = append(st.Sections, sec)
+	}
+	if failed := st.Failed(); len(failed) > 0 {
+		return st, &StatusError{Failed: failed}
 	}
 	return st, nil
+}
+
+// Section names in Status.Sections, one per migration.
+const (
+	SectionOutbox  = "outbox"  // outbox backlog per topic and shard
+	SectionRelay   = "relay"   // leases and relay instances
+	SectionInbox   = "inbox"   // consumers, parked messages, gaps
+	SectionEffects = "effects" // open effect intents
+	SectionOps     = "ops"     // the replay window (ops_settings)
+	SectionCDC     = "cdc"     // CDC slots
+)
+
+// Section states.
+const (
+	SectionOK           = "ok"            // read
+	SectionNotInstalled = "not_installed" // none of its tables exist and none need to
+	SectionFailed       = "failed"        // a table that should exist is missing, or a query failed
+)
+
+// SectionStatus says whether one part of Status was read. Required is true
+// for the outbox always, and for any other section once its migration is
+// recorded as applied (`ferry migrate up` applies them all) or some of the
+// tables that migration creates exist: a partial install is a failure,
+// never "not installed".
+type SectionStatus struct {
+	Name      string   `json:"name"`
+	State     string   `json:"state"`
+	Required  bool     `json:"required"`
+	Migration string   `json:"migration"`
+	Tables    []string `json:"tables"`
+	Missing   []string `json:"missing_tables,omitempty"`
+	Error     string   `json:"error,omitempty"`
+}
+
+// Failed returns the sections that failed.
+func (st Status) Failed() []SectionStatus {
+	var out []SectionStatus
+	for _, s := range st.Sections {
+		if s.State == SectionFailed {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// SectionOK reports whether section name was read.
+func (st Status) SectionOK(name string) bool {
+	for _, s := range st.Sections {
+		if s.Name == name {
+			return s.State == SectionOK
+		}
+	}
+	return false
+}
+
+// StatusError lists the sections Status could not read.
+type StatusError struct {
+	Failed []SectionStatus
+}
+
+func (e *StatusError) Error() string {
+	parts := make([]string, len(e.Failed))
+	for i, s := range e.Failed {
+		parts[i] = fmt.Sprintf("section %s failed: %s", s.Name, s.Error)
+	}
+	return "ops: status incomplete: " + strings.Join(parts, "; ")
+}
+
+// Is reports ErrStatusIncomplete.
+func (e *StatusError) Is(target error) bool { return target == ErrStatusIncomplete }
+
+// sectionDef is one migration's tables and what Status reads from them.
+// TestStatusSectionsMatchMigrations keeps the table lists equal to the
+// tables each migration creates.
+type sectionDef struct {
+	name      string
+	version   int
+	migration string
+	tables    []string
+	always    bool
+	pgOnly    bool // its migration creates nothing on SQLite
+	// reset empties what a failed read may have half-written.
+	reset func(st *Status, min Window)
+}
+
+var sections = []sectionDef{
+	{name: SectionOutbox, version: 1, migration: "0001_outbox", tables: []string{"outbox", "aggregate_seq"}, always: true,
+		reset: func(st *Status, _ Window) {
+			st.Outbox, st.Topics, st.Shards = OutboxTotals{}, []TopicStatus{}, []ShardStatus{}
+		}},
+	{name: SectionRelay, version: 2, migration: "0002_relay", tables: []string{"relay_leases", "relay_instances"},
+		reset: func(st *Status, _ Window) {
+			for i := range st.Shards {
+				s := &st.Shards[i]
+				s.LeaseOwner, s.LeaseFence, s.LeaseExpiresAt, s.LeaseLive = "", 0, nil, false
+			}
+			st.Relays, st.UnownedShards = []RelayStatus{}, 0
+		}},
+	{name: SectionInbox, version: 3, migration: "0003_inbox", tables: []string{"inbox", "inbox_cursor", "inbox_parked"},
+		reset: func(st *Status, _ Window) { st.Consumers = []ConsumerStatus{} }},
+	{name: SectionEffects, version: 4, migration: "0004_effects", tables: []string{"command_keys", "effects"},
+		reset: func(st *Status, _ Window) { st.Effects = []EffectStatus{} }},
+	{name: SectionOps, version: 5, migration: "0005_ops", tables: []string{"ops_audit", "ops_settings"},
+		reset: func(st *Status, min Window) { st.Window = min }},
+	{name: SectionCDC, version: 6, migration: "0006_cdc", tables: []string{"cdc_slot"}, pgOnly: true,
+		reset: func(st *Status, _ Window) { st.CDC = nil }},
+}
+
+// installed returns which of the sections' tables exist and which
+// migrations the migrations table records (none when it does not exist:
+// the DDL may have been applied by another tool), in two queries.
+func (o *Ops) installed(ctx context.Context, exec driver.Executor) (map[string]bool, map[int]bool, error) {
+	byBare := map[string]string{}
+	var args []any
+	schema := "current_schema()"
+	if o.pg() && o.cfg.tables.Schema != "" {
+		args = append(args, o.cfg.tables.Schema)
+		schema = "$1"
+	}
+	var ph []string
+	add := func(base string) {
+		bare := o.cfg.tables.Bare(base)
+		byBare[bare] = base
+		args = append(args, bare)
+		ph = append(ph, fmt.Sprintf("$%d", len(args)))
+	}
+	add("migrations")
+	for _, def := range sections {
+		for _, base := range def.tables {
+			add(base)
+		}
+	}
+	q := fmt.Sprintf(`SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (%s)`, strings.Join(ph, ", "))
+	if o.pg() {
+		q = fmt.Sprintf(`SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_name IN (%s)`, schema, strings.Join(ph, ", "))
+	}
+	rows, err := exec.Query(ctx, q, args...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ops: look up installed tables: %w", err)
+	}
+	present := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("ops: look up installed tables: %w", err)
+		}
+		present[byBare[name]] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("ops: look up installed tables: %w", err)
+	}
+	recorded := map[int]bool{}
+	if !present["migrations"] {
+		return present, recorded, nil
+	}
+	rows, err = exec.Query(ctx, fmt.Sprintf(`SELECT version FROM %s`, o.t("migrations")))
+	if err != nil {
+		return nil, nil, fmt.Errorf("ops: read applied migrations: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, nil, fmt.Errorf("ops: read applied migrations: %w", err)
+		}
+		recorded[v] = true
+	}
+	return present, recorded, rows.Err()
 }
 
 func (o *Ops) outboxStatus(ctx context.Context, exec driver.Executor, now time.Time, st *Status) error {
@@ -243,10 +453,6 @@ func (o *Ops) leaseStatus(ctx context.Context, exec driver.Executor, now time.Ti
 			owned[l.owner] = append(owned[l.owner], shard)
 		}
 	}
-	ok, err := o.tableExists(ctx, exec, "relay_instances")
-	if err != nil || !ok {
-		return err
-	}
 	rows, err = exec.Query(ctx, fmt.Sprintf(`SELECT instance_id, started_at, heartbeat_at, expires_at, breaker FROM %s ORDER BY instance_id`, o.t("relay_instances")))
 	if err != nil {
 		return fmt.Errorf("ops: relay instances: %w", err)
@@ -312,9 +518,7 @@ func (o *Ops) consumerStatus(ctx context.Context, exec driver.Executor, now time
 		c := get(name)
 		c.AppliedLastMinute, c.AppliedPerSecond, c.LastAppliedAt = lastMin, float64(lastMin)/60, last.ptr()
 	}
-	if ok, err := o.tableExists(ctx, exec, "inbox_parked"); err != nil {
-		return err
-	} else if ok {
+	{
 		rows, err := exec.Query(ctx, fmt.Sprintf(`SELECT consumer, reason, count(*), MIN(first_seen) FROM %s
 WHERE resolved_at IS NULL GROUP BY consumer, reason ORDER BY consumer, reason`, o.t("inbox_parked")))
 		if err != nil {

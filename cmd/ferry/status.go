@@ -230,7 +230,17 @@ messages by reason and open gaps; effect intents by state; CDC slot lag.
 
 It reads the database only, so it tells the truth when a relay or consumer is
 down. --watch repeats it; --metrics-addr serves the same numbers as
-Prometheus metrics (ferry_ops_*) for the alert rules in deploy/.`,
+Prometheus metrics (ferry_ops_*) for the alert rules in deploy/.
+
+A missing or unreadable table never reads as zero. Each section (outbox,
+relay, inbox, effects, ops, cdc) is read, "not installed" (none of its
+tables exist and its migration is not recorded: fine), or FAILED: a table
+that should exist is missing (the outbox always; any other once its
+migration is recorded or some of its tables exist) or a query failed. A
+failed section is printed with the reason, the rest is printed as usual,
+and the command exits 1 (also with --json). The metrics export
+ferry_ops_section_up{section} 0 and ferry_ops_up 0 for it, and none of
+its own gauges.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, o, err := f.open(cmd)
@@ -244,9 +254,12 @@ Prometheus metrics (ferry_ops_*) for the alert rules in deploy/.`,
 			}
 			for {
 				st, err := o.Status(ctx)
-				if err != nil {
+				// A failed section is printed (and marked) with the rest; the
+				// command then exits non-zero. Any other error is fatal.
+				if err != nil && !errors.Is(err, ops.ErrStatusIncomplete) {
 					return err
 				}
+				incomplete := err
 				if f.json {
 					err = printJSON(cmd.OutOrStdout(), st)
 				} else {
@@ -255,8 +268,11 @@ Prometheus metrics (ferry_ops_*) for the alert rules in deploy/.`,
 					}
 					printStatus(cmd.OutOrStdout(), st)
 				}
-				if err != nil || watch <= 0 {
+				if err != nil {
 					return err
+				}
+				if watch <= 0 {
+					return incomplete
 				}
 				select {
 				case <-ctx.Done():
@@ -304,15 +320,46 @@ func serveMetrics(ctx context.Context, out io.Writer, o *ops.Ops, addr string, s
 	}
 }
 
+// sectionOf returns the status of section name ("ok" when Status did not
+// report it, e.g. cdc on SQLite, which has no such section).
+func sectionOf(st ops.Status, name string) ops.SectionStatus {
+	for _, s := range st.Sections {
+		if s.Name == name {
+			return s
+		}
+	}
+	return ops.SectionStatus{Name: name, State: ops.SectionNotInstalled}
+}
+
 func printStatus(w io.Writer, st ops.Status) {
 	fmt.Fprintf(w, "Ferry status at %s\n\n", st.At.Format("2006-01-02 15:04:05Z"))
-	fmt.Fprintf(w, "OUTBOX  pending %d  oldest pending %s  dead %d  discarded %d\n", st.Outbox.Pending, age(st.Outbox.OldestPendingAge), st.Outbox.Dead, st.Outbox.Discarded)
+	var notInstalled []string
+	for _, sec := range st.Sections {
+		switch sec.State {
+		case ops.SectionFailed:
+			fmt.Fprintf(w, "FAILED  %s: %s; its numbers are unknown, not zero\n", sec.Name, sec.Error)
+		case ops.SectionNotInstalled:
+			notInstalled = append(notInstalled, fmt.Sprintf("%s (%s)", sec.Name, strings.Join(sec.Tables, ", ")))
+		}
+	}
+	if len(st.Failed()) > 0 {
+		fmt.Fprintln(w)
+	}
+	failed := func(name string) bool { return sectionOf(st, name).State == ops.SectionFailed }
+	if failed(ops.SectionOutbox) {
+		fmt.Fprintln(w, "OUTBOX  unknown (section failed)")
+	} else {
+		fmt.Fprintf(w, "OUTBOX  pending %d  oldest pending %s  dead %d  discarded %d\n", st.Outbox.Pending, age(st.Outbox.OldestPendingAge), st.Outbox.Dead, st.Outbox.Discarded)
+	}
 	tw := tabwriter.NewWriter(w, 0, 2, 2, ' ', 0)
 	if len(st.Shards) > 0 {
 		fmt.Fprintln(tw, "TOPIC\tSHARD\tPENDING\tOLDEST\tDEAD\tLEASE OWNER\tLEASE EXPIRES")
 		for _, s := range st.Shards {
 			owner := s.LeaseOwner
-			if owner == "" || !s.LeaseLive {
+			switch {
+			case failed(ops.SectionRelay):
+				owner = "(unknown)"
+			case owner == "" || !s.LeaseLive:
 				owner = "(none)"
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%s\t%s\n", s.Topic, s.Shard, s.Pending, age(s.OldestPendingAge), s.Dead, owner, ts(s.LeaseExpiresAt))
@@ -323,12 +370,20 @@ func printStatus(w io.Writer, st ops.Status) {
 		fmt.Fprintf(w, "WARNING: %d shard(s) have pending rows and no live relay lease\n", st.UnownedShards)
 	}
 	fmt.Fprintln(w)
+	if failed(ops.SectionRelay) {
+		fmt.Fprintln(w, "RELAYS  unknown (section failed)")
+		fmt.Fprintln(w)
+	}
 	if len(st.Relays) > 0 {
 		fmt.Fprintln(tw, "RELAY\tLIVE\tHEARTBEAT\tOWNED SHARDS\tBREAKER")
 		for _, r := range st.Relays {
 			fmt.Fprintf(tw, "%s\t%v\t%s\t%v\t%s\n", r.InstanceID, r.Live, ts(&r.HeartbeatAt), r.OwnedShards, r.Breaker)
 		}
 		_ = tw.Flush()
+		fmt.Fprintln(w)
+	}
+	if failed(ops.SectionInbox) {
+		fmt.Fprintln(w, "CONSUMERS  unknown (section failed): parked messages and gaps are not known")
 		fmt.Fprintln(w)
 	}
 	if len(st.Consumers) > 0 {
@@ -346,6 +401,10 @@ func printStatus(w io.Writer, st ops.Status) {
 		_ = tw.Flush()
 		fmt.Fprintln(w)
 	}
+	if failed(ops.SectionEffects) {
+		fmt.Fprintln(w, "OPEN EFFECTS  unknown (section failed)")
+		fmt.Fprintln(w)
+	}
 	if len(st.Effects) > 0 {
 		fmt.Fprintln(tw, "OPEN EFFECTS\tPENDING\tIN FLIGHT\tUNKNOWN\tOLDEST UNKNOWN")
 		for _, e := range st.Effects {
@@ -353,6 +412,10 @@ func printStatus(w io.Writer, st ops.Status) {
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", e.Consumer, b["pending"], b["in_flight"], b["unknown"], age(e.OldestUnknownAge))
 		}
 		_ = tw.Flush()
+		fmt.Fprintln(w)
+	}
+	if failed(ops.SectionCDC) {
+		fmt.Fprintln(w, "CDC SLOTS  unknown (section failed)")
 		fmt.Fprintln(w)
 	}
 	if len(st.CDC) > 0 {
@@ -363,9 +426,13 @@ func printStatus(w io.Writer, st ops.Status) {
 		_ = tw.Flush()
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "replay window: broker dedup %s, inbox replay horizon %s (cleanup refuses shorter retention)\n",
-		st.Window.BrokerDedupWindow, st.Window.InboxReplayHorizon)
-	if len(st.Missing) > 0 {
-		fmt.Fprintf(w, "not installed: %s\n", strings.Join(st.Missing, ", "))
+	if failed(ops.SectionOps) {
+		fmt.Fprintln(w, "replay window: unknown (section ops failed)")
+	} else {
+		fmt.Fprintf(w, "replay window: broker dedup %s, inbox replay horizon %s (cleanup refuses shorter retention)\n",
+			st.Window.BrokerDedupWindow, st.Window.InboxReplayHorizon)
+	}
+	if len(notInstalled) > 0 {
+		fmt.Fprintf(w, "not installed (not required: no migration recorded, none of their tables exist): %s\n", strings.Join(notInstalled, "; "))
 	}
 }
