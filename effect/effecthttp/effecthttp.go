@@ -17,13 +17,65 @@
 //
 // "Not sent" is claimed only when no connection was ever obtained for the
 // request (observed with net/http/httptrace), because a request whose bytes
-// may have left the process may have been applied. Go's transport itself
-// retries a request carrying an Idempotency-Key on a dead keep-alive
-// connection; that is safe precisely because of the key.
+// may have left the process may have been applied.
+//
+// # No transport-level re-send
+//
+// net/http's HTTP/1 Transport re-sends a request by itself when a reused
+// keep-alive connection dies before the response, if it considers the
+// request replayable: a GET/HEAD/OPTIONS/TRACE, or any request carrying an
+// "Idempotency-Key" or "X-Idempotency-Key" header under that canonical map
+// key. Such a re-send skips the status query, so a provider that ignores
+// or loses keys charges twice. effecthttp therefore sets the key under a
+// lower-case header map key (the wire is case-insensitive; HTTP/2 lower-
+// cases names anyway): the Transport does not see the charge as replayable,
+// never re-sends it, and the dropped call comes back as unknown, to be
+// reconciled by a status query before any new attempt with the same key.
+// TestDroppedChargeNeverResentByTransport pins this with the effect worker
+// and a provider that ignores keys and drops every connection after reading
+// the charge; its negative control puts the key back under the canonical
+// name and sees the transport charge twice. Status queries are GETs, which
+// the Transport may re-send: harmless, they change nothing. Over HTTP/2
+// (TLS servers that negotiate h2) Go's transport re-sends, whatever the
+// headers, only when the connection was unusable before the request went
+// out, on GOAWAY or REFUSED_STREAM, or after a PROTOCOL_ERROR stream reset
+// from the server; the last does not prove the server did nothing, and is
+// not covered by a test here.
 //
 // [Client.Status] reconciles: it sends a GET to the status URL (a template
 // with {key}, e.g. "https://api.example/payments?idempotency_key={key}") and
-// maps 2xx → found, 404 → not found, anything else → unknown.
+// maps 2xx → found, 404 → not found, anything else (other 4xx included) →
+// unknown. The operation id of a found intent is taken from the status
+// response with the same [WithOperationIDHeader] or [WithOperationID] as an
+// execution's (an extractor error leaves it empty). A 404 is trusted to
+// mean "never applied" and leads to a new attempt with the same key: the
+// status endpoint must not answer 404 for anything else.
+//
+// # Worker behaviour around these calls (package effect)
+//
+//   - The per-target circuit breaker holds status queries too: while it is
+//     open, unknown intents wait (no status query, nothing spent) until the
+//     next probe time, and a status query may itself be the half-open probe.
+//   - For the breaker, a status answer "found" or "not found" counts as the
+//     provider being up; "unknown" (a transport error, 5xx, 429, any other
+//     status) counts as a failure. An execution's 2xx and definite 4xx
+//     count as up; not sent and unknown count as failures. A 401/403 thus
+//     counts as "up" on an execution but as a failure on a status query.
+//
+// # Default HTTP client
+//
+// Without [WithHTTPClient], a Client uses &http.Client{} with no Timeout of
+// its own (the worker's call timeout bounds each call through ctx) over
+// http.DefaultTransport: the process-wide shared transport, with
+// keep-alives on (at most 2 idle connections per host, 100 in all, closed
+// after 90s idle), TCP keep-alive probes every 30s, a 30s dial timeout, a
+// 10s TLS handshake timeout, HTTP/2 when the server offers it, and proxies
+// from HTTP_PROXY/HTTPS_PROXY/NO_PROXY. Being shared, it is also changed by
+// whatever else in the process configures http.DefaultTransport. A charge
+// sent on an idle connection the server has just closed is re-dialled by
+// the transport only if not a byte of it was written (safe); once written,
+// it fails after a connection was obtained and is unknown (a status query
+// follows). Pass your own client to set other limits.
 //
 // Response bodies are read (up to a limit) only to extract the operation id;
 // they are never logged or stored. The summary stored in the ledger is the
@@ -88,8 +140,9 @@ type config struct {
 // Option configures a Client.
 type Option func(*config)
 
-// WithHTTPClient sets the HTTP client (default: a client with no timeout of
-// its own; the worker's call timeout bounds each call).
+// WithHTTPClient sets the HTTP client (default: &http.Client{} over
+// http.DefaultTransport, no timeout of its own; the worker's call timeout
+// bounds each call; see the package doc).
 func WithHTTPClient(c *http.Client) Option { return func(cfg *config) { cfg.http = c } }
 
 // WithStatusURL sets the reconciliation GET as a URL template; "{key}" is
@@ -100,11 +153,12 @@ func WithStatusURL(template string) Option { return func(c *config) { c.template
 // whose lookup is not a plain GET. 2xx → found, 404 → not found.
 func WithStatusRequest(f RequestFunc) Option { return func(c *config) { c.status = f } }
 
-// WithOperationIDHeader takes the operation id from a response header.
+// WithOperationIDHeader takes the operation id from a response header, of
+// an execution's 2xx and of a status query's 2xx ("found") alike.
 func WithOperationIDHeader(name string) Option { return func(c *config) { c.opHeader = name } }
 
 // WithOperationID takes the operation id from the response with f (it wins
-// over WithOperationIDHeader).
+// over WithOperationIDHeader), for executions and status queries alike.
 func WithOperationID(f OperationIDFunc) Option { return func(c *config) { c.opID = f } }
 
 // WithMaxBody bounds how much of a response body is read (default 64 KiB).
