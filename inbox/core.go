@@ -277,10 +277,14 @@ func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m 
 	}
 	if !dryRun && !claimOnly {
 		start := time.Now()
-		hctx, span := ib.cfg.tracer.Start(otelferry.ContextFromTraceparent(ctx, ev.Headers.Traceparent), "ferry.inbox.apply",
+		dest := ev.Topic
+		if m.d != nil && m.d.Raw.Destination != "" {
+			dest = m.d.Raw.Destination
+		}
+		hctx, span := ib.cfg.tracer.Start(otelferry.ContextFromTraceparent(ctx, ev.Headers.Traceparent), otelferry.SpanName(otelferry.OperationProcess, dest),
 			trace.WithSpanKind(trace.SpanKindConsumer),
-			trace.WithAttributes(attribute.String("ferry.consumer", ib.name), attribute.String("ferry.event_id", ev.ID.String()),
-				attribute.String("ferry.event_type", ev.EventType), attribute.Int64("ferry.aggregate_seq", ev.AggregateSeq)))
+			trace.WithAttributes(otelferry.ProcessAttributes(ib.brokerName(), dest, ev.ID.String(), ib.name)...),
+			trace.WithAttributes(attribute.String("ferry.event_type", ev.EventType), attribute.Int64("ferry.aggregate_seq", ev.AggregateSeq)))
 		err := ib.handler(hctx, tx, ev)
 		if err != nil {
 			span.SetStatus(codes.Error, "handler failed")
@@ -421,4 +425,16 @@ func (ib *Inbox[TTx]) rawForPark(d *broker.Delivery) (dest, key, headers string,
 		notes = append(notes, fmt.Sprintf("raw body cut to %d of %d bytes", limit, len(d.Raw.Body)))
 	}
 	return dest, key, string(hb), body, strings.Join(notes, "; ")
+}
+
+// brokerName is the running consumer's broker ("nats", "kafka",
+// "rabbitmq") for messaging.system, "" when it does not say (a replay, or
+// a Consumer without Name).
+func (ib *Inbox[TTx]) brokerName() string {
+	if c := ib.running.Load(); c != nil {
+		if n, ok := (*c).(interface{ Name() string }); ok {
+			return n.Name()
+		}
+	}
+	return ""
 }

@@ -99,9 +99,13 @@ type Option[TTx any] func(*config[TTx])
 
 // WithTracerProvider sets where the inbox's spans go (default: the global
 // OpenTelemetry provider, a no-op unless the application installs one). The
-// handler runs inside a "ferry.inbox.apply" consumer span whose parent is
-// the trace context the event carries (its traceparent), so one trace
-// shows command → publish → apply, and the handler's own spans nest in it.
+// handler runs inside a consumer span named by the OpenTelemetry messaging
+// conventions ("process {destination}", with messaging.system,
+// messaging.destination.name, messaging.operation.type, messaging.message.id
+// = the event id and messaging.consumer.group.name = the consumer's name)
+// whose parent is the trace context the event carries (its traceparent), so
+// one trace shows command → publish → apply, and the handler's own spans
+// nest in it.
 func WithTracerProvider[TTx any](tp trace.TracerProvider) Option[TTx] {
 	return func(c *config[TTx]) { c.tracer = tp.Tracer(tracerName) }
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
@@ -60,9 +62,11 @@ func TestTraceCommandPublishApply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.Insert(cmdCtx, ferry.Event{TenantID: "acme", AggregateType: "order", AggregateID: "o-1", EventType: "order.created", SchemaVersion: 1, Payload: []byte(`{}`)}); err != nil {
+	inserted, err := w.Insert(cmdCtx, ferry.Event{TenantID: "acme", AggregateType: "order", AggregateID: "o-1", EventType: "order.created", SchemaVersion: 1, Payload: []byte(`{}`)})
+	if err != nil {
 		t.Fatal(err)
 	}
+	eventID := inserted[0].ID.String()
 	cmdSpan.End()
 	cmdSC := cmdSpan.SpanContext()
 
@@ -104,24 +108,68 @@ func TestTraceCommandPublishApply(t *testing.T) {
 	_ = consumer.Close()
 
 	var linked, child bool
+	attrs := func(s sdktrace.ReadOnlySpan) map[string]string {
+		m := map[string]string{}
+		for _, kv := range s.Attributes() {
+			m[string(kv.Key)] = kv.Value.Emit()
+		}
+		return m
+	}
+	var names []string
 	for _, s := range rec.Ended() {
+		names = append(names, s.Name())
 		switch s.Name() {
-		case "ferry.relay.publish":
+		case "send order.events":
+			if s.SpanKind() != trace.SpanKindProducer {
+				t.Errorf("send span kind %v, want producer", s.SpanKind())
+			}
+			for k, want := range map[string]string{"messaging.system": "nats", "messaging.destination.name": "order.events",
+				"messaging.operation.type": "send", "messaging.operation.name": "send", "messaging.batch.message_count": "1"} {
+				if got := attrs(s)[k]; got != want {
+					t.Errorf("send span %s = %q, want %q", k, got, want)
+				}
+			}
 			for _, l := range s.Links() {
 				if l.SpanContext.TraceID() == cmdSC.TraceID() && l.SpanContext.SpanID() == cmdSC.SpanID() {
 					linked = true
 				}
 			}
-		case "ferry.inbox.apply":
+		case "process order.events":
+			if s.SpanKind() != trace.SpanKindConsumer {
+				t.Errorf("process span kind %v, want consumer", s.SpanKind())
+			}
+			a := attrs(s)
+			for k, want := range map[string]string{"messaging.system": "nats", "messaging.destination.name": "order.events",
+				"messaging.operation.type": "process", "messaging.operation.name": "process", "messaging.consumer.group.name": "shipping",
+				"messaging.message.id": eventID} {
+				if got := a[k]; got != want {
+					t.Errorf("process span %s = %q, want %q", k, got, want)
+				}
+			}
 			if s.SpanContext().TraceID() == cmdSC.TraceID() && s.Parent().SpanID() == cmdSC.SpanID() {
 				child = true
 			}
 		}
 	}
 	if !linked {
-		t.Error("no ferry.relay.publish span links to the command's span")
+		t.Errorf("no \"send order.events\" span links to the command's span; spans: %v", names)
 	}
 	if !child {
-		t.Error("no ferry.inbox.apply span is a child of the command's span")
+		t.Errorf("no \"process order.events\" span is a child of the command's span; spans: %v", names)
+	}
+	// On the wire, the W3C traceparent header (what OpenTelemetry's broker
+	// instrumentations read) carries the command's trace, beside the
+	// CloudEvents extension.
+	stream, err := pub.JetStream().Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := stream.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w3c, ext := msg.Header.Get("traceparent"), msg.Header.Get("ce-traceparent")
+	if w3c == "" || w3c != ext || !strings.Contains(w3c, cmdSC.TraceID().String()) {
+		t.Errorf("traceparent header %q, ce-traceparent %q; want both carrying trace %s", w3c, ext, cmdSC.TraceID())
 	}
 }

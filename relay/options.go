@@ -100,9 +100,12 @@ func WithTables(t ferry.Tables) Option { return func(c *config) { c.tables = t }
 
 // WithTracerProvider sets where the relay's spans go (default: the global
 // OpenTelemetry provider, a no-op unless the application installs one).
-// Each publish is a "ferry.relay.publish" producer span linked to the trace
-// context every event carries in its traceparent, so a trace shows
-// command → publish → apply.
+// Each publish is a producer span named by the OpenTelemetry messaging
+// conventions ("send {topic}", or "send" for a batch to several topics, with
+// messaging.system, messaging.destination.name, messaging.operation.type
+// and messaging.batch.message_count), linked to the trace context every
+// event carries in its traceparent, so a trace shows command → publish →
+// apply.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.tracer = tp.Tracer(tracerName) }
 }

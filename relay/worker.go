@@ -264,8 +264,9 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 	}
 	r.publishCalls.Add(1)
 	r.m.brokerCalls.WithLabelValues("publish").Inc()
-	pctx, span := r.cfg.tracer.Start(ctx, "ferry.relay.publish", trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(attribute.String("messaging.system", r.pub.Name()), attribute.Int("messaging.batch.message_count", len(events))))
+	dest := batchDestination(events)
+	pctx, span := r.cfg.tracer.Start(ctx, otelferry.SpanName(otelferry.OperationSend, dest), trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(otelferry.SendAttributes(r.pub.Name(), dest, len(events))...))
 	if span.IsRecording() { // links cost a parse per event: only when someone records
 		for i := range events {
 			if tp := events[i].Headers.Traceparent; tp != "" {
@@ -511,4 +512,19 @@ func sanitize(err error) string {
 		s = s[:cut] + "…"
 	}
 	return s
+}
+
+// batchDestination is the topic every event of a batch goes to, or "" when
+// they go to several (the span is then named by its operation alone).
+func batchDestination(events []ferry.Event) string {
+	if len(events) == 0 {
+		return ""
+	}
+	d := events[0].Topic
+	for i := range events[1:] {
+		if events[i+1].Topic != d {
+			return ""
+		}
+	}
+	return d
 }

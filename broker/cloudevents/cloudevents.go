@@ -71,6 +71,13 @@ func (b Binding) Header(attr string) string {
 // receiving).
 const ContentTypeHeader = "content-type"
 
+// TraceparentHeader is the W3C Trace Context header. Encode writes the
+// event's trace context under it as well as in the CloudEvents traceparent
+// extension: the extension is what the CloudEvents SDKs read, the plain
+// header what OpenTelemetry's messaging instrumentations read. Decode reads
+// the extension only.
+const TraceparentHeader = "traceparent"
+
 // SpecVersion is the only CloudEvents version produced and accepted.
 const SpecVersion = "1.0"
 
@@ -178,6 +185,11 @@ func Encode(b Binding, ev ferry.Event, opts EncodeOptions) (headers map[string]s
 		}
 	}
 	opt(ExtTraceparent, ev.Headers.Traceparent)
+	if ev.Headers.Traceparent != "" {
+		// Also under the W3C name, unprefixed, which the standard
+		// OpenTelemetry instrumentations of every broker client read.
+		h[TraceparentHeader] = ev.Headers.Traceparent
+	}
 	opt(ExtCorrelationID, ev.Headers.CorrelationID)
 	opt(ExtCausationID, ev.Headers.CausationID)
 	opt(ExtPrincipal, ev.Headers.Principal)

@@ -87,6 +87,10 @@ func TestEncodeHeaderNames(t *testing.T) {
 		want[Kafka]["ce_"+attr] = v
 		want[AMQP]["cloudEvents:"+attr] = v
 	}
+	// The W3C header, unprefixed, beside the extension in every binding.
+	for _, b := range bindings {
+		want[b][TraceparentHeader] = ev.Headers.Traceparent
+	}
 	for _, b := range bindings {
 		h, body := Encode(b, ev, EncodeOptions{Source: "ferry://orders"})
 		if !maps.Equal(h, want[b]) {
