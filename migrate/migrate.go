@@ -128,9 +128,13 @@ func SQL(dialect driver.Dialect, tables ferry.Tables) (string, error) {
 }
 
 // Up applies every pending migration in one transaction, so a failure
-// leaves the schema as it was. Concurrent Up calls are serialised (an
-// advisory lock on Postgres, the write lock on SQLite). It returns the
-// migrations it applied; none when the schema is current.
+// leaves the schema as it was. Concurrent Up calls, in one process or many,
+// are serialised: by an advisory lock on Postgres, by the database's write
+// lock on SQLite, taken at BEGIN IMMEDIATE and waited for up to the busy
+// timeout when the database is opened with databasesql.OpenSQLite (which
+// also retries a connection that finds a fresh file being switched to WAL
+// by another). It returns the migrations it applied; none when the schema
+// is current.
 func Up(ctx context.Context, db DB, tables ferry.Tables) ([]Migration, error) {
 	ms, err := Load(db.Dialect(), tables)
 	if err != nil {

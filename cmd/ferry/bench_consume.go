@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -29,6 +31,8 @@ func newBenchConsumeCmd() *cobra.Command {
 		workers    int
 		batches    []int
 		asJSON     bool
+		recovery   bool
+		rc         recoveryConfig
 	)
 	cmd := &cobra.Command{
 		Use:   "consume",
@@ -39,11 +43,32 @@ consumer over them with a handler that writes one row, once per --batch
 value (1 = one transaction per message), and reports events applied per
 second from the first delivery to the last commit. Each run uses its own
 stream and consumer name. Creates bench_consume_effects and Ferry's tables
-in the connection's search_path.`,
+in the connection's search_path.
+
+--recovery measures instead how fast a consumer comes back after a crash,
+per broker (--brokers): it publishes --events, runs a consumer subprocess
+(the inbox over Postgres, --workers), SIGKILLs it once --kill-at of the
+events are applied, starts another with the same identity (durable,
+group and instance id, queue) and reports restart → first delivery and
+restart → every event applied, for --rounds rounds and their median.
+Kafka runs on kfake in this process, NATS embedded or the server at
+--nats-url, RabbitMQ at --rabbitmq-url.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			applyEnv(cmd)
 			ctx := cmd.Context()
+			if recovery {
+				exe, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("bench consume --recovery: locate own executable: %w", err)
+				}
+				rc.db, rc.exe = sf.url, []string{exe}
+				if natsURL != "" {
+					rc.natsURL = natsURL
+				}
+				rc.events, rc.aggregates, rc.workers = events, aggregates, workers
+				return runRecovery(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), rc, asJSON)
+			}
 			if sf.url == "" {
 				return fmt.Errorf("no database: set --database-url or FERRY_DATABASE_URL (Postgres)")
 			}
@@ -111,6 +136,18 @@ in the connection's search_path.`,
 	cmd.Flags().IntVar(&workers, "workers", 8, "inbox workers (parallel aggregates)")
 	cmd.Flags().IntSliceVar(&batches, "batch", []int{1, 100}, "batch sizes to run (1 = one transaction per message)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	fl := cmd.Flags()
+	fl.BoolVar(&recovery, "recovery", false, "measure recovery after a SIGKILLed consumer instead of the apply rate")
+	fl.StringSliceVar(&rc.brokers, "brokers", recoveryBrokers, "--recovery: brokers to measure ("+strings.Join(recoveryBrokers, ", ")+")")
+	fl.StringVar(&rc.rabbitURL, "rabbitmq-url", "amqp://guest:guest@127.0.0.1:5672/", "--recovery: RabbitMQ URL")
+	fl.IntVar(&rc.rounds, "rounds", 3, "--recovery: kills per broker (the median is reported)")
+	fl.Float64Var(&rc.killAt, "kill-at", 0.3, "--recovery: fraction of the events applied when the consumer is killed")
+	fl.DurationVar(&rc.natsAckWait, "nats-ack-wait", natsjs.DefaultAckWait, "--recovery: JetStream ack wait")
+	fl.BoolVar(&rc.kafkaStatic, "kafka-static", true, "--recovery: Kafka static membership (kafka.WithInstanceID)")
+	fl.DurationVar(&rc.kafkaSession, "kafka-session-timeout", 10*time.Second, "--recovery: Kafka session timeout (kafka.WithSessionTimeout)")
+	fl.DurationVar(&rc.timeout, "round-timeout", 2*time.Minute, "--recovery: limit on each phase of a round")
+	rc.natsURL = "nats://127.0.0.1:4222"
+	cmd.AddCommand(newBenchConsumeWorkerCmd())
 	return cmd
 }
 

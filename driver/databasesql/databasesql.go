@@ -10,11 +10,13 @@ package databasesql
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
@@ -38,23 +40,63 @@ func New(db *sql.DB, dialect driver.Dialect) *Driver {
 	return &Driver{db: db, dialect: dialect}
 }
 
+// SQLiteBusyTimeout is how long a SQLite connection opened by [OpenSQLite]
+// waits for a lock held by another connection or process before it fails
+// with SQLITE_BUSY: SQLite's busy timeout, and the bound on retrying a
+// connection's opening.
+const SQLiteBusyTimeout = 60 * time.Second
+
 // OpenSQLite opens (creating if needed) the SQLite file at path with the
 // settings Ferry relies on: WAL, a busy timeout, immediate transactions
 // (writers serialise at BEGIN, which is what makes per-aggregate sequencing
 // safe) and a sortable time format.
+//
+// Opening a connection to a fresh file switches it to WAL, a write that
+// SQLite refuses with SQLITE_BUSY at once, without waiting for the busy
+// timeout, when another connection switches it at the same moment (two
+// `ferry migrate up` processes on a new file). Such openings are retried
+// until SQLiteBusyTimeout; by then the other connection has made the file
+// WAL and the retry finds nothing to switch.
 func OpenSQLite(path string) (*sql.DB, error) {
 	q := url.Values{}
-	q.Add("_pragma", "busy_timeout(60000)")
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", SQLiteBusyTimeout.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(ON)")
 	q.Set("_txlock", "immediate")
 	q.Set("_time_format", "sqlite")
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	c, err := sqlite.NewConnector("file:" + path + "?" + q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("databasesql: open sqlite %s: %w", path, err)
 	}
-	return db, nil
+	return sql.OpenDB(&busyRetryConnector{Connector: c, wait: SQLiteBusyTimeout}), nil
+}
+
+// busyRetryConnector retries opening a connection that failed with
+// SQLITE_BUSY, backing off, until wait has passed or ctx is done.
+type busyRetryConnector struct {
+	sqldriver.Connector
+	wait time.Duration
+}
+
+func (c *busyRetryConnector) Connect(ctx context.Context) (sqldriver.Conn, error) {
+	deadline := time.Now().Add(c.wait)
+	delay := time.Millisecond
+	for {
+		conn, err := c.Connector.Connect(ctx)
+		var sqErr *sqlite.Error
+		if err == nil || !errors.As(err, &sqErr) || sqErr.Code()&0xff != sqlite3.SQLITE_BUSY || time.Now().Add(delay).After(deadline) {
+			return conn, err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+		delay = min(2*delay, 50*time.Millisecond)
+	}
 }
 
 // DB returns the *sql.DB the driver was built with.

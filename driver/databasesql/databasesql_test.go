@@ -2,10 +2,12 @@ package databasesql_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
@@ -44,5 +46,50 @@ func TestSQLiteUniqueViolationNamesTheColumns(t *testing.T) {
 			strings.Contains(msg, "(2067 violated") {
 			t.Fatalf("%s: message %q", c.insert, msg)
 		}
+	}
+}
+
+// A connection that opens a fresh file while another connection holds a
+// write lock on it cannot switch the file to WAL: SQLite answers SQLITE_BUSY
+// at once, without waiting for the busy timeout. OpenSQLite's connections
+// retry their opening instead, so the open waits for the lock and succeeds
+// when it is released (two `ferry migrate up` on a new file used to fail so).
+func TestOpenSQLiteWaitsForALockedFreshFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fresh.db")
+	ctx := context.Background()
+	holder, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	conn, err := holder.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	db, err := databasesql.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	opened := make(chan error, 1)
+	go func() { opened <- db.PingContext(ctx) }()
+	select {
+	case err := <-opened:
+		t.Fatalf("opening while the fresh file is locked returned at once: %v; want it to wait for the lock", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-opened; err != nil {
+		t.Fatalf("open after the lock was released: %v", err)
+	}
+	var mode string
+	if err := db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
+		t.Fatalf("journal mode %q (%v), want wal", mode, err)
 	}
 }
