@@ -15,8 +15,19 @@ import (
 )
 
 // ErrTopicMissing: a destination topic does not exist. The relay refuses to
-// start on it unless asked to provision (EnsureTopics).
+// start on it unless asked to provision (EnsureTopics). Errors matching it
+// are *MissingTopicsError.
 var ErrTopicMissing = errors.New("kafka: topic missing")
+
+// MissingTopicsError names every missing topic, sorted.
+type MissingTopicsError struct{ Topics []string }
+
+func (e *MissingTopicsError) Error() string {
+	return fmt.Sprintf("%v: %v (create them, or run the relay with --provision)", ErrTopicMissing, e.Topics)
+}
+
+// Is reports ErrTopicMissing.
+func (e *MissingTopicsError) Is(target error) bool { return target == ErrTopicMissing }
 
 // RecommendedReplication is the replication factor production topics should
 // have: with min.insync.replicas=2 and acks=all, one broker can fail without
@@ -25,7 +36,8 @@ const RecommendedReplication = 3
 
 // TopicStatus is what CheckTopics found about one topic. The durability
 // fields are read from the topic's effective configuration; empty when the
-// broker does not report them.
+// broker does not report them (then Unread names them: kfake, for one,
+// reports fewer configs than Kafka).
 type TopicStatus struct {
 	Topic                 string
 	Partitions            int
@@ -33,6 +45,9 @@ type TopicStatus struct {
 	MinInsyncReplicas     string // min.insync.replicas
 	UncleanLeaderElection string // unclean.leader.election.enable
 	DurabilityWarnings    []string
+	// Unread lists the durability settings the broker did not report
+	// (or could not be asked for), so they could not be checked.
+	Unread []string
 }
 
 // EnsureTopics creates the topics that do not exist yet with the given
@@ -156,7 +171,7 @@ func CheckTopics(ctx context.Context, adm *kadm.Client, topics []string) ([]Topi
 		if err == nil {
 			for i := range out {
 				rc, err := cfgs.On(out[i].Topic, nil)
-				if err != nil {
+				if err != nil || rc.Err != nil {
 					continue
 				}
 				for _, c := range rc.Configs {
@@ -174,11 +189,17 @@ func CheckTopics(ctx context.Context, adm *kadm.Client, topics []string) ([]Topi
 		}
 	}
 	for i := range out {
+		if out[i].MinInsyncReplicas == "" {
+			out[i].Unread = append(out[i].Unread, "min.insync.replicas")
+		}
+		if out[i].UncleanLeaderElection == "" {
+			out[i].Unread = append(out[i].Unread, "unclean.leader.election.enable")
+		}
 		out[i].DurabilityWarnings = durabilityWarnings(out[i])
 	}
 	if len(missing) > 0 {
 		slices.Sort(missing)
-		return out, fmt.Errorf("%w: %v (create them, or run the relay with --provision)", ErrTopicMissing, missing)
+		return out, &MissingTopicsError{Topics: missing}
 	}
 	return out, nil
 }

@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
+	"net/url"
+	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/broker/cloudevents"
 	"github.com/ferryhq/ferry/broker/kafka"
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/broker/rabbitmq"
@@ -46,6 +49,8 @@ type relayFlags struct {
 	instanceID     string
 	notifyChannel  string
 	logLevel       string
+	workers        int
+	source         string
 	slot           string
 	publication    string
 
@@ -85,14 +90,25 @@ Broker URLs:
 At start the relay checks that the destination exists and is durable
 (JetStream: file storage and a duplicate window; Kafka: the topics exist;
 RabbitMQ: a durable exchange and, with --queue, a quorum queue bound to it)
-and refuses to run otherwise; --provision creates it instead.
+and refuses to run otherwise; --provision creates it instead. Durability
+shortfalls it can see (replication, min.insync.replicas, unclean leader
+election, stream replicas) and settings it cannot read are logged as
+warnings. It also compares the destinations of the unsent rows with what
+the broker has and logs the missing ones (alert=destination_missing): rows
+routed to a missing destination are held (never dead) until it exists,
+reported by the ferry_relay_destination_missing gauge.
 
 HTTP (--listen): /metrics (Prometheus), /healthz (process alive),
 /readyz (owns a shard or the cluster has more relays than shards, and the
 broker breaker is closed). SIGTERM finishes the batch in flight, releases
 the leases and exits 0.`,
 		Args: cobra.NoArgs,
-		Example: `  ferry relay --database-url postgres://… --broker-url nats://127.0.0.1:4222 --subjects order.events
+		Example: `  # polling relay (the default --mode poll), one line per broker
+  ferry relay --database-url postgres://… --broker-url nats://127.0.0.1:4222 --stream ORDERS --subjects order.events
+  ferry relay --database-url postgres://… --broker-url kafka://127.0.0.1:9092 --topics order.events
+  ferry relay --database-url postgres://… --broker-url amqp://guest:guest@127.0.0.1:5672/ --exchange ferry --queue orders
+  ferry relay --database-url sqlite:app.db --broker-url embedded --subjects order.events --provision
+  # log-based relay (Postgres logical replication)
   ferry relay --mode cdc --database-url postgres://… --broker-url kafka://127.0.0.1:9092 --topics order.events`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runRelayCmd(cmd.Context(), cmd, f, cmd.ErrOrStderr())
@@ -108,6 +124,8 @@ the leases and exits 0.`,
 	fl.StringVar(&f.publication, "publication", "ferry_cdc", "cdc: publication name (created for the outbox table only, inserts only)")
 	fl.IntVar(&f.shards, "shards", ferry.DefaultShardCount, "shard count N; must equal the writers' N")
 	fl.IntVar(&f.batch, "batch-size", relay.DefaultBatchSize, "rows per claim-publish-mark cycle")
+	fl.IntVar(&f.workers, "workers", relay.DefaultWorkers, "poll: concurrent claim-publish-mark loops")
+	fl.StringVar(&f.source, "source", cloudevents.DefaultSource, `CloudEvents "source" attribute of every published event, a URI-reference, e.g. "ferry://orders-service"`)
 	fl.DurationVar(&f.poll, "poll-interval", relay.DefaultPollInterval, "look for work this often when nothing woke the relay")
 	fl.DurationVar(&f.leaseTTL, "lease-ttl", relay.DefaultLeaseTTL, "shard lease lifetime; a crashed relay's shards move after it")
 	fl.DurationVar(&f.backoffBase, "backoff-base", relay.DefaultBackoffBase, "retry backoff base (full jitter, doubling)")
@@ -133,13 +151,21 @@ the leases and exits 0.`,
 }
 
 func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr io.Writer) error {
-	applyEnv(cmd)
+	if err := applyEnv(cmd); err != nil {
+		return err
+	}
 	if f.mode != "poll" && f.mode != "cdc" {
 		return fmt.Errorf(`--mode must be "poll" or "cdc", got %q`, f.mode)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
+	}
+	if err := checkSource(f.source); err != nil {
+		return err
+	}
+	if f.workers < 1 {
+		return fmt.Errorf("--workers must be >= 1, got %d", f.workers)
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
@@ -149,7 +175,11 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 	}
 	defer st.Close()
 
-	pub, closePub, err := openDestination(ctx, f, log)
+	rows, err := unsentTopics(ctx, st)
+	if err != nil {
+		return err
+	}
+	pub, closePub, err := openDestination(ctx, f, log, rows)
 	if err != nil {
 		return err
 	}
@@ -170,6 +200,7 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 		relay.WithPollInterval(f.poll), relay.WithLeaseTTL(f.leaseTTL), relay.WithBackoff(f.backoffBase, f.backoffMax),
 		relay.WithPublishTimeout(f.publishTimeout), relay.WithMaxAttempts(f.maxAttempts),
 		relay.WithDeadPolicy(relay.DeadPolicy(f.deadPolicy)), relay.WithLogger(log), relay.WithRegisterer(reg),
+		relay.WithWorkers(f.workers),
 	}
 	if f.instanceID != "" {
 		opts = append(opts, relay.WithInstanceID(f.instanceID))
@@ -226,9 +257,67 @@ func relayHTTP(r *relay.Relay, reg *prometheus.Registry) http.Handler {
 	return mux
 }
 
+// checkSource validates --source: the CloudEvents "source" attribute is a
+// non-empty URI-reference (RFC 3986), e.g. "ferry://orders-service",
+// "/orders" or "urn:orders".
+func checkSource(src string) error {
+	if src == "" {
+		return errors.New(`--source must not be empty (the CloudEvents "source" attribute, a URI-reference such as "ferry://orders-service")`)
+	}
+	if strings.ContainsFunc(src, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		return fmt.Errorf("--source %q: not a URI-reference: contains white space or control characters", src)
+	}
+	if _, err := url.Parse(src); err != nil {
+		return fmt.Errorf("--source %q: not a URI-reference: %w", src, err)
+	}
+	return nil
+}
+
+// maxCheckedTopics bounds the start-up comparison of unsent rows'
+// destinations with the broker's.
+const maxCheckedTopics = 1000
+
+// unsentTopics returns the distinct topics of the pending outbox rows (at
+// most maxCheckedTopics), for comparing with what the broker has. Rows
+// written later are not covered: a destination missing at publish time is
+// held and reported by the relay (ferry_relay_destination_missing).
+func unsentTopics(ctx context.Context, st *store) ([]string, error) {
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	rows, err := st.Executor().Query(cctx, fmt.Sprintf(`SELECT DISTINCT topic FROM %s WHERE status = 'pending' ORDER BY topic LIMIT %d`,
+		st.tables.Name("outbox"), maxCheckedTopics))
+	if err != nil {
+		return nil, fmt.Errorf("read the destinations of unsent rows: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, fmt.Errorf("read the destinations of unsent rows: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the destinations of unsent rows: %w", err)
+	}
+	return out, nil
+}
+
+// warnMissing logs the destinations of unsent rows the broker does not
+// have: those rows are held (never dead) until the destination exists.
+func warnMissing(log *slog.Logger, brokerName, kind string, missing []string, hint string) {
+	if len(missing) == 0 {
+		return
+	}
+	log.Warn("unsent events route to destinations the broker does not have; they are held (not dead) until these exist",
+		"alert", "destination_missing", "broker", brokerName, "kind", kind, "missing", missing, "hint", hint)
+}
+
 // openDestination connects the publisher for --broker-url and checks (or,
-// with --provision, creates) the destination.
-func openDestination(ctx context.Context, f *relayFlags, log *slog.Logger) (broker.Publisher, func(), error) {
+// with --provision, creates) the destination, comparing it with rows, the
+// destinations of the unsent outbox rows.
+func openDestination(ctx context.Context, f *relayFlags, log *slog.Logger, rows []string) (broker.Publisher, func(), error) {
 	u := f.brokerURL
 	switch {
 	case u == "":
@@ -239,25 +328,29 @@ func openDestination(ctx context.Context, f *relayFlags, log *slog.Logger) (brok
 			return nil, nil, err
 		}
 		log.Info("embedded NATS JetStream started", "url", emb.ClientURL(), "store", emb.StoreDir())
-		pub, err := natsPublisher(ctx, emb.ClientURL(), f, true)
+		log.Warn("destination durability", "broker", "nats", "stream", f.stream, "setting", "sync_interval", "value", "2m",
+			"warning", "the embedded server fsyncs every 2 minutes: a machine crash can lose acknowledged events; run a NATS server with sync_interval: always for production")
+		pub, err := natsPublisher(ctx, emb.ClientURL(), f, true, log, rows)
 		if err != nil {
 			_ = emb.Close()
 			return nil, nil, err
 		}
 		return pub, func() { _ = pub.Close(); _ = emb.Close() }, nil
 	case strings.HasPrefix(u, "nats://"), strings.HasPrefix(u, "tls://"):
-		pub, err := natsPublisher(ctx, u, f, f.provision)
+		pub, err := natsPublisher(ctx, u, f, f.provision, log, rows)
 		if err != nil {
 			return nil, nil, err
 		}
+		log.Warn("destination setting could not be read", "broker", "nats", "stream", f.stream, "setting", "sync_interval",
+			"warning", "a client cannot read the server's sync_interval (default 2m: a machine crash can lose acknowledged events on a single server); set jetstream { sync_interval: always } or use R3 streams")
 		return pub, func() { _ = pub.Close() }, nil
 	case strings.HasPrefix(u, "kafka://"):
 		seeds := relayList(strings.TrimPrefix(u, "kafka://"))
-		pub, err := kafka.NewPublisher(seeds, kafka.WithLogger(log))
+		pub, err := kafka.NewPublisher(seeds, kafka.WithLogger(log), kafka.WithSource(f.source))
 		if err != nil {
 			return nil, nil, err
 		}
-		if err := kafkaDestination(ctx, pub, f); err != nil {
+		if err := kafkaDestination(ctx, pub, f, log, rows); err != nil {
 			_ = pub.Close()
 			return nil, nil, err
 		}
@@ -275,7 +368,8 @@ func openDestination(ctx context.Context, f *relayFlags, log *slog.Logger) (brok
 		if err != nil {
 			return nil, nil, fmt.Errorf("destination exchange %s: %w", f.exchange, err)
 		}
-		pub, err := rabbitmq.NewPublisher(u, rabbitmq.WithExchange(f.exchange), rabbitmq.WithLogger(log))
+		rabbitWarnings(log, top, rows)
+		pub, err := rabbitmq.NewPublisher(u, rabbitmq.WithExchange(f.exchange), rabbitmq.WithLogger(log), rabbitmq.WithSource(f.source))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -284,14 +378,61 @@ func openDestination(ctx context.Context, f *relayFlags, log *slog.Logger) (brok
 	return nil, nil, fmt.Errorf("--broker-url %q: want nats://…, kafka://host:port, amqp://… or embedded", u)
 }
 
-func natsPublisher(ctx context.Context, url string, f *relayFlags, provision bool) (*natsjs.Publisher, error) {
+// rabbitWarnings logs what the AMQP check cannot prove: bindings cannot be
+// listed over AMQP 0-9-1, so unsent rows' routing keys are compared with
+// --binding-keys of --queue only (another queue may be bound to them), and
+// a quorum queue's replica count cannot be read.
+func rabbitWarnings(log *slog.Logger, top rabbitmq.Topology, rows []string) {
+	if top.Queue == "" {
+		log.Warn("destination setting could not be read", "broker", "rabbitmq", "exchange", top.Exchange, "setting", "queue",
+			"warning", "no --queue given: whether a durable quorum queue is bound is not checked; an unbound routing key is held (not dead) at publish and reported by ferry_relay_destination_missing")
+		return
+	}
+	log.Warn("destination setting could not be read", "broker", "rabbitmq", "queue", top.Queue, "setting", "quorum replicas",
+		"warning", "AMQP does not report a quorum queue's replica count; check with rabbitmq-queues quorum_status (fewer than 3 members survive no node loss)")
+	var unbound []string
+	for _, t := range rows {
+		if !slices.ContainsFunc(top.BindingKeys, func(k string) bool { return amqpTopicMatch(k, t) }) {
+			unbound = append(unbound, t)
+		}
+	}
+	warnMissing(log, "rabbitmq", "routing key not matched by --binding-keys of --queue (another queue may bind it; AMQP cannot list bindings)",
+		unbound, "bind a queue to them, or add them to --binding-keys with --provision")
+}
+
+// amqpTopicMatch reports whether a topic exchange routes key to a binding
+// with pattern: words separated by '.', '*' is exactly one word, '#' zero
+// or more.
+func amqpTopicMatch(pattern, key string) bool {
+	var match func(p, k []string) bool
+	match = func(p, k []string) bool {
+		if len(p) == 0 {
+			return len(k) == 0
+		}
+		if p[0] == "#" {
+			for i := 0; i <= len(k); i++ {
+				if match(p[1:], k[i:]) {
+					return true
+				}
+			}
+			return false
+		}
+		if len(k) == 0 || (p[0] != "*" && p[0] != k[0]) {
+			return false
+		}
+		return match(p[1:], k[1:])
+	}
+	return match(strings.Split(pattern, "."), strings.Split(key, "."))
+}
+
+func natsPublisher(ctx context.Context, url string, f *relayFlags, provision bool, log *slog.Logger, rows []string) (*natsjs.Publisher, error) {
 	if len(relayList(f.subjects)) == 0 {
 		// No default: the writers' default topics ({aggregate_type}.events)
 		// can only be captured by a leading wildcard, which JetStream
 		// refuses because it overlaps its own $JS API subjects.
 		return nil, errors.New(`--subjects is required for NATS: the subjects of your events' topics, e.g. "order.events,payment.events"`)
 	}
-	pub, err := natsjs.DialPublisher(url)
+	pub, err := natsjs.DialPublisher(url, natsjs.WithSource(f.source))
 	if err != nil {
 		return nil, err
 	}
@@ -310,10 +451,27 @@ func natsPublisher(ctx context.Context, url string, f *relayFlags, provision boo
 		_ = pub.Close()
 		return nil, fmt.Errorf("destination stream %s: %w", f.stream, err)
 	}
+	js := pub.JetStream()
+	if s, err := js.Stream(cctx, f.stream); err != nil {
+		log.Warn("destination setting could not be read", "broker", "nats", "stream", f.stream, "setting", "replicas", "err", err)
+	} else if r := s.CachedInfo().Config.Replicas; r < kafka.RecommendedReplication {
+		log.Warn("destination durability", "broker", "nats", "stream", f.stream, "setting", "replicas", "value", r,
+			"warning", fmt.Sprintf("replicas %d < %d: a server loss can lose acknowledged events or stop writes", r, kafka.RecommendedReplication))
+	}
+	var missing []string
+	for _, subj := range rows {
+		if _, err := js.StreamNameBySubject(cctx, subj); errors.Is(err, jetstream.ErrStreamNotFound) {
+			missing = append(missing, subj)
+		} else if err != nil {
+			log.Warn("could not check the destinations of unsent events", "broker", "nats", "subject", subj, "err", err)
+			break
+		}
+	}
+	warnMissing(log, "nats", "subject no stream captures", missing, "add them to --subjects (with --provision) or to a stream's subjects")
 	return pub, nil
 }
 
-func kafkaDestination(ctx context.Context, pub *kafka.Publisher, f *relayFlags) error {
+func kafkaDestination(ctx context.Context, pub *kafka.Publisher, f *relayFlags, log *slog.Logger, rows []string) error {
 	topics := relayList(f.topics)
 	if len(topics) == 0 {
 		return errors.New("kafka: --topics is required (the relay checks they exist before publishing)")
@@ -321,19 +479,51 @@ func kafkaDestination(ctx context.Context, pub *kafka.Publisher, f *relayFlags) 
 	adm := kadm.NewClient(pub.Client())
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	if f.provision {
-		return kafka.EnsureTopics(cctx, adm, topics, int32(f.partitions), int16(f.replication))
-	}
-	sts, err := kafka.CheckTopics(cctx, adm, topics)
-	if err != nil {
-		return fmt.Errorf("%w (create them with --provision)", err)
-	}
-	for _, s := range sts {
-		for _, w := range s.DurabilityWarnings {
-			fmt.Fprintf(os.Stderr, "ferry relay: kafka topic %s: %s\n", s.Topic, w)
+	var extra []string // destinations of unsent rows not in --topics
+	for _, t := range rows {
+		if !slices.Contains(topics, t) {
+			extra = append(extra, t)
 		}
 	}
+	if f.provision {
+		// --provision creates the destinations of unsent rows too.
+		if err := kafka.EnsureTopics(cctx, adm, append(slices.Clone(topics), extra...), int32(f.partitions), int16(f.replication)); err != nil {
+			return err
+		}
+	}
+	// CheckTopics' error names the missing topics and the --provision hint.
+	sts, err := kafka.CheckTopics(cctx, adm, topics)
+	if err != nil {
+		return err
+	}
+	if len(extra) > 0 {
+		more, err := kafka.CheckTopics(cctx, adm, extra)
+		var mt *kafka.MissingTopicsError
+		switch {
+		case errors.As(err, &mt):
+			warnMissing(log, "kafka", "topic", mt.Topics, "create them, or restart the relay with --provision")
+		case err != nil:
+			log.Warn("could not check the destinations of unsent events", "broker", "kafka", "err", err)
+		}
+		sts = append(sts, more...)
+	}
+	logKafkaDurability(log, sts)
 	return nil
+}
+
+// logKafkaDurability logs each topic's durability shortfalls, and each
+// setting the broker did not report, as structured warnings.
+func logKafkaDurability(log *slog.Logger, sts []kafka.TopicStatus) {
+	for _, s := range sts {
+		for _, w := range s.DurabilityWarnings {
+			log.Warn("destination durability", "broker", "kafka", "topic", s.Topic, "replication_factor", s.ReplicationFactor,
+				"min_insync_replicas", s.MinInsyncReplicas, "unclean_leader_election", s.UncleanLeaderElection, "warning", w)
+		}
+		for _, name := range s.Unread {
+			log.Warn("destination setting could not be read", "broker", "kafka", "topic", s.Topic, "setting", name,
+				"warning", "the broker did not report it, so it was not checked")
+		}
+	}
 }
 
 func relayList(s string) []string {
