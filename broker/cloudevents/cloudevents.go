@@ -3,6 +3,7 @@ package cloudevents
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -338,6 +339,73 @@ func decode(b Binding, headers map[string]string, body []byte) (ferry.Event, err
 	}
 	ev.Payload = body
 	return ev, nil
+}
+
+// DecodeMulti is [Decode] for bindings whose headers may repeat a name:
+// NATS message headers and Kafka record headers are lists, not maps. A
+// CloudEvents attribute given more than once — any header carrying the
+// binding's attribute prefix (case-insensitively), or content-type, with
+// two or more values, equal or not — is ambiguous, and DecodeMulti fails
+// with a *DecodeError naming the attribute and the header instead of
+// picking one value. A repeated header that carries no attribute (an
+// application's own) is not Ferry's to judge and does not fail decoding.
+//
+// flat is the single-valued view of headers for broker.RawMessage: one
+// value as is, repeated values joined with ", " in the order received (the
+// HTTP convention for combining repeated fields), so the raw record of a
+// parked message keeps every value. flat is returned with the error too.
+// The AMQP headers table cannot repeat a name; its adapter calls Decode.
+func DecodeMulti(b Binding, headers map[string][]string, body []byte) (ev ferry.Event, flat map[string]string, err error) {
+	flat = make(map[string]string, len(headers))
+	var repeated []string
+	for k, vs := range headers {
+		switch len(vs) {
+		case 0:
+			continue
+		case 1:
+			flat[k] = vs[0]
+		default:
+			flat[k] = strings.Join(vs, ", ")
+			if b.attributeOf(k) != "" {
+				repeated = append(repeated, k)
+			}
+		}
+	}
+	if len(repeated) > 0 {
+		slices.Sort(repeated) // the same message always names the same attribute
+		k := repeated[0]
+		vs := headers[k]
+		quoted := make([]string, 0, 3)
+		for i, v := range vs {
+			if i == 2 {
+				quoted = append(quoted, "…")
+				break
+			}
+			quoted = append(quoted, strconv.Quote(short(v)))
+		}
+		return ferry.Event{}, flat, &DecodeError{Binding: b, Attribute: b.attributeOf(k), Header: k,
+			Reason: fmt.Sprintf("given %d values (%s): a repeated attribute is ambiguous", len(vs), strings.Join(quoted, ", "))}
+	}
+	ev, err = Decode(b, flat, body)
+	return ev, flat, err
+}
+
+// attributeOf returns the CloudEvents attribute a header name carries in b
+// (matched case-insensitively, as Decode's fallback does), or "".
+func (b Binding) attributeOf(header string) string {
+	if strings.EqualFold(header, ContentTypeHeader) {
+		return AttrDataContentType
+	}
+	prefixes := []string{b.Prefix()}
+	if b == AMQP {
+		prefixes = append(prefixes, "cloudEvents_")
+	}
+	for _, p := range prefixes {
+		if p != "" && len(header) > len(p) && strings.EqualFold(header[:len(p)], p) {
+			return strings.ToLower(header[len(p):])
+		}
+	}
+	return ""
 }
 
 const maxInt = int(^uint(0) >> 1)

@@ -318,3 +318,93 @@ func TestBindingHelpers(t *testing.T) {
 		t.Fatal("Valid wrong")
 	}
 }
+
+// multi turns a codec map into the multi-valued form NATS and Kafka deliver.
+func multi(h map[string]string) map[string][]string {
+	m := make(map[string][]string, len(h))
+	for k, v := range h {
+		m[k] = []string{v}
+	}
+	return m
+}
+
+func TestDecodeMultiSingleValuedIsDecode(t *testing.T) {
+	for _, b := range bindings {
+		h, body := Encode(b, fullEvent(), EncodeOptions{})
+		ev, flat, err := DecodeMulti(b, multi(h), body)
+		if err != nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+		sameEvent(t, ev, fullEvent())
+		if !maps.Equal(flat, h) {
+			t.Fatalf("%s: flat %v, want %v", b, flat, h)
+		}
+	}
+}
+
+// A CloudEvents attribute given twice is ambiguous, whatever the values
+// (equal ones too) and whatever the case of the repeated name; the error
+// names the attribute and the header, and flat keeps every value.
+func TestDecodeMultiRepeatedAttribute(t *testing.T) {
+	for _, b := range []Binding{NATS, Kafka} {
+		for _, tc := range []struct {
+			header, attr string
+			values       []string
+		}{
+			{b.Prefix() + ExtTenantID, ExtTenantID, []string{"acme", "victim"}},
+			{b.Prefix() + AttrID, AttrID, []string{fullEvent().ID.String(), fullEvent().ID.String()}},
+			{ContentTypeHeader, AttrDataContentType, []string{"application/json", "text/plain"}},
+			{strings.ToUpper(b.Prefix() + ExtSequence), ExtSequence, []string{"7", "8", "9"}},
+			{b.Prefix() + "someextension", "someextension", []string{"a", "b"}},
+		} {
+			h, body := Encode(b, fullEvent(), EncodeOptions{})
+			m := multi(h)
+			if tc.header != strings.ToLower(tc.header) {
+				delete(m, strings.ToLower(tc.header))
+			}
+			m[tc.header] = tc.values
+			ev, flat, err := DecodeMulti(b, m, body)
+			var de *DecodeError
+			if !errors.As(err, &de) || de.Attribute != tc.attr || de.Header != tc.header || !errors.Is(err, ErrNotCloudEvent) {
+				t.Fatalf("%s %s repeated: err = %v, want a DecodeError naming %s", b, tc.header, err, tc.attr)
+			}
+			if !strings.Contains(err.Error(), "attribute "+tc.attr) || !strings.Contains(err.Error(), "values") {
+				t.Fatalf("error text %q", err)
+			}
+			if !reflect.DeepEqual(ev, ferry.Event{}) {
+				t.Fatal("event returned with the error")
+			}
+			if flat[tc.header] != strings.Join(tc.values, ", ") {
+				t.Fatalf("flat[%s] = %q, want every value", tc.header, flat[tc.header])
+			}
+		}
+	}
+}
+
+func TestDecodeMultiRepeatedOtherHeader(t *testing.T) {
+	h, body := Encode(NATS, fullEvent(), EncodeOptions{})
+	m := multi(h)
+	m["x-app-tag"] = []string{"one", "two"}
+	m["Nats-Msg-Id"] = []string{"a", "b"}
+	m["empty"] = nil
+	ev, flat, err := DecodeMulti(NATS, m, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameEvent(t, ev, fullEvent())
+	if flat["x-app-tag"] != "one, two" {
+		t.Fatalf("flat = %v", flat)
+	}
+	if _, ok := flat["empty"]; ok {
+		t.Fatal("a header without values appears in flat")
+	}
+	// Two repeated attributes: the first in name order is named, every time.
+	m[NATS.Prefix()+ExtTenantID] = []string{"a", "b"}
+	m[NATS.Prefix()+ExtAction] = []string{"a", "b"}
+	for range 20 {
+		_, _, err := DecodeMulti(NATS, m, body)
+		if !isAttrErr(err, ExtAction) {
+			t.Fatalf("err = %v, want action named first", err)
+		}
+	}
+}

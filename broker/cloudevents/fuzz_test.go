@@ -1,6 +1,8 @@
 package cloudevents
 
 import (
+	"errors"
+	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -91,6 +93,55 @@ func FuzzDecode(f *testing.F) {
 			if h3[k] != v {
 				t.Fatalf("header %s: %q then %q", k, v, h3[k])
 			}
+		}
+	})
+}
+
+// FuzzDecodeMulti feeds multi-valued headers (a key may repeat) to
+// DecodeMulti: it must never panic; if a header carrying an attribute is
+// repeated it must fail naming an attribute; otherwise it must agree with
+// Decode on the single-valued headers.
+//
+//	go test ./broker/cloudevents -run '^$' -fuzz FuzzDecodeMulti -fuzztime 60s
+func FuzzDecodeMulti(f *testing.F) {
+	for _, b := range bindings {
+		h, body := Encode(b, fullEvent(), EncodeOptions{})
+		packed := packHeaders(h)
+		f.Add(uint8(b), packed, body)
+		f.Add(uint8(b), packed+"\x01"+b.Prefix()+ExtTenantID+"\x00victim", body)
+		f.Add(uint8(b), packed+"\x01x-other\x00v", body)
+	}
+	f.Fuzz(func(t *testing.T, bb uint8, packed string, body []byte) {
+		b := Binding(bb % 4)
+		m := map[string][]string{}
+		if packed != "" {
+			for _, kv := range strings.Split(packed, "\x01") {
+				k, v, _ := strings.Cut(kv, "\x00")
+				m[k] = append(m[k], v)
+			}
+		}
+		ev, flat, err := DecodeMulti(b, m, body)
+		repeatedAttr := false
+		single := map[string]string{}
+		for k, vs := range m {
+			if len(vs) > 1 && b.attributeOf(k) != "" {
+				repeatedAttr = true
+			}
+			single[k] = strings.Join(vs, ", ")
+		}
+		if !maps.Equal(flat, single) {
+			t.Fatalf("flat %v, want %v", flat, single)
+		}
+		if repeatedAttr {
+			var de *DecodeError
+			if !errors.As(err, &de) || de.Attribute == "" || !reflect.DeepEqual(ev, ferry.Event{}) {
+				t.Fatalf("repeated attribute accepted: %v", err)
+			}
+			return
+		}
+		ev2, err2 := Decode(b, single, body)
+		if (err == nil) != (err2 == nil) || !reflect.DeepEqual(ev, ev2) {
+			t.Fatalf("DecodeMulti (%v) and Decode (%v) disagree", err, err2)
 		}
 	})
 }

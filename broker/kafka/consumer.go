@@ -350,10 +350,13 @@ func (c *Consumer) delivery(r *kgo.Record) *broker.Delivery {
 	gen := s.gen
 	c.mu.Unlock()
 
-	headers := make(map[string]string, len(r.Headers))
+	// Record headers may repeat a key: a repeated ce_ attribute is
+	// ambiguous and DecodeMulti refuses it, naming the attribute.
+	multi := make(map[string][]string, len(r.Headers))
 	for _, h := range r.Headers {
-		headers[h.Key] = string(h.Value)
+		multi[h.Key] = append(multi[h.Key], string(h.Value))
 	}
+	ev, headers, err := cloudevents.DecodeMulti(cloudevents.Kafka, multi, r.Value)
 	d := &broker.Delivery{
 		Raw: broker.RawMessage{
 			Destination: r.Topic,
@@ -363,7 +366,6 @@ func (c *Consumer) delivery(r *kgo.Record) *broker.Delivery {
 		},
 		Attempt: attempt,
 	}
-	ev, err := cloudevents.Decode(cloudevents.Kafka, headers, r.Value)
 	if err != nil {
 		d.DecodeErr = fmt.Errorf("kafka: decode %s[%d]@%d: %w", r.Topic, r.Partition, r.Offset, err)
 	} else {

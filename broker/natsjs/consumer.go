@@ -380,13 +380,9 @@ func (c *Consumer) nakBuffered(it jetstream.MessagesContext) {
 }
 
 func (c *Consumer) delivery(msg jetstream.Msg) *broker.Delivery {
-	hdr := msg.Headers()
-	headers := make(map[string]string, len(hdr))
-	for k, v := range hdr {
-		if len(v) > 0 {
-			headers[k] = v[0]
-		}
-	}
+	// A repeated ce- header is ambiguous: DecodeMulti refuses it, naming
+	// the attribute; headers joins repeated values for the raw record.
+	ev, headers, decodeErr := cloudevents.DecodeMulti(cloudevents.NATS, msg.Headers(), msg.Data())
 	d := &broker.Delivery{
 		Raw: broker.RawMessage{
 			Destination: msg.Subject(),
@@ -398,7 +394,7 @@ func (c *Consumer) delivery(msg jetstream.Msg) *broker.Delivery {
 	if meta, err := msg.Metadata(); err == nil {
 		d.Attempt = int(meta.NumDelivered)
 	}
-	d.Event, d.DecodeErr = cloudevents.Decode(cloudevents.NATS, headers, msg.Data())
+	d.Event, d.DecodeErr = ev, decodeErr
 	if d.DecodeErr == nil {
 		d.Event.Topic = msg.Subject()
 	}
