@@ -65,6 +65,11 @@ type recoveryRound struct {
 	AppliedAtKill int64   `json:"applied_at_kill"`
 	FirstDelivery float64 `json:"restart_to_first_delivery_s"`
 	Drain         float64 `json:"restart_to_drained_s"`
+	// FirstRedelivery is restart → the first message the broker marks as
+	// delivered before (Delivery.Attempt > 1): how long the dead
+	// consumer's messages were held. -1 when none was marked (Kafka counts
+	// attempts per process, so a restart never marks one).
+	FirstRedelivery float64 `json:"restart_to_first_redelivery_s"`
 	// ApplyRate is the killed consumer's events/s from its start to the
 	// kill; Overhead is Drain less the time the rest takes at that rate:
 	// what the crash cost beyond the work itself.
@@ -82,6 +87,7 @@ type recoverySummary struct {
 	Rounds        int     `json:"rounds"`
 	FirstDelivery float64 `json:"median_restart_to_first_delivery_s"`
 	Drain         float64 `json:"median_restart_to_drained_s"`
+	Redelivery    float64 `json:"median_restart_to_first_redelivery_s"`
 	Overhead      float64 `json:"median_recovery_overhead_s"`
 	Error         string  `json:"error,omitempty"`
 }
@@ -150,11 +156,11 @@ func runRecovery(ctx context.Context, w io.Writer, progress io.Writer, c recover
 			sum.Error = err.Error()
 		}
 		if len(rounds) > 0 {
-			var first, drain, over []float64
+			var first, drain, over, redel []float64
 			for _, r := range rounds {
-				first, drain, over = append(first, r.FirstDelivery), append(drain, r.Drain), append(over, r.Overhead)
+				first, drain, over, redel = append(first, r.FirstDelivery), append(drain, r.Drain), append(over, r.Overhead), append(redel, r.FirstRedelivery)
 			}
-			sum.Rounds, sum.FirstDelivery, sum.Drain, sum.Overhead = len(rounds), median(first), median(drain), median(over)
+			sum.Rounds, sum.FirstDelivery, sum.Drain, sum.Overhead, sum.Redelivery = len(rounds), median(first), median(drain), median(over), median(redel)
 		}
 		rep.Summary = append(rep.Summary, sum)
 	}
@@ -164,13 +170,13 @@ func runRecovery(ctx context.Context, w io.Writer, progress io.Writer, c recover
 		return enc.Encode(rep)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "broker\tround\tapplied at kill\trate before kill (ev/s)\trestart→first delivery (s)\trestart→drained (s)\toverhead (s)\tapplied/distinct")
+	fmt.Fprintln(tw, "broker\tround\tapplied at kill\trate before kill (ev/s)\trestart→first delivery (s)\trestart→first redelivery (s)\trestart→drained (s)\toverhead (s)\tapplied/distinct")
 	for _, r := range rep.Rounds {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%d/%d\n", r.Broker, r.Round, r.AppliedAtKill, r.ApplyRate, r.FirstDelivery, r.Drain, r.Overhead, r.Applied, r.DistinctEvents)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%d/%d\n", r.Broker, r.Round, r.AppliedAtKill, r.ApplyRate, r.FirstDelivery, r.FirstRedelivery, r.Drain, r.Overhead, r.Applied, r.DistinctEvents)
 	}
-	fmt.Fprintln(tw, "\nbroker\tsettings\trounds\tmedian first delivery (s)\tmedian drained (s)\tmedian overhead (s)\terror")
+	fmt.Fprintln(tw, "\nbroker\tsettings\trounds\tmedian first delivery (s)\tmedian first redelivery (s)\tmedian drained (s)\tmedian overhead (s)\terror")
 	for _, s := range rep.Summary {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%s\n", s.Broker, s.Settings, s.Rounds, s.FirstDelivery, s.Drain, s.Overhead, s.Error)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%s\n", s.Broker, s.Settings, s.Rounds, s.FirstDelivery, s.Redelivery, s.Drain, s.Overhead, s.Error)
 	}
 	return tw.Flush()
 }
@@ -387,6 +393,10 @@ func recoveryOnce(ctx context.Context, pool *pgxpool.Pool, c recoveryConfig, b s
 		time.Sleep(10 * time.Millisecond)
 	}
 	res.FirstDelivery = firstAt.Sub(restart).Seconds()
+	res.FirstRedelivery = -1
+	if at := second.firstRedelivery(); !at.IsZero() {
+		res.FirstRedelivery = at.Sub(restart).Seconds()
+	}
 	res.Overhead = res.Drain - float64(int64(c.events)-res.AppliedAtKill)/res.ApplyRate
 	return res, nil
 }
@@ -397,6 +407,7 @@ type worker struct {
 	done   chan struct{}
 	mu     sync.Mutex
 	first  time.Time
+	redel  time.Time
 	stderr strings.Builder
 	once   sync.Once
 }
@@ -416,13 +427,19 @@ func startWorker(ctx context.Context, exe, args []string) (*worker, error) {
 		defer close(w.done)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			if ns, ok := strings.CutPrefix(sc.Text(), "FIRST-DELIVERY "); ok {
-				if v, err := strconv.ParseInt(ns, 10, 64); err == nil {
-					w.mu.Lock()
-					w.first = time.Unix(0, v)
-					w.mu.Unlock()
-				}
+			kind, ns, ok := strings.Cut(sc.Text(), " ")
+			v, err := strconv.ParseInt(ns, 10, 64)
+			if !ok || err != nil {
+				continue
 			}
+			w.mu.Lock()
+			switch kind {
+			case "FIRST-DELIVERY":
+				w.first = time.Unix(0, v)
+			case "FIRST-REDELIVERY":
+				w.redel = time.Unix(0, v)
+			}
+			w.mu.Unlock()
 		}
 		_ = cmd.Wait()
 	}()
@@ -444,6 +461,12 @@ func (w *worker) firstDelivery() time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.first
+}
+
+func (w *worker) firstRedelivery() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.redel
 }
 
 func (w *worker) exited() bool {
@@ -477,16 +500,21 @@ func (w *worker) stop() {
 }
 
 // firstDeliveryConsumer reports the first delivery on out as
-// "FIRST-DELIVERY <unix ns>".
+// "FIRST-DELIVERY <unix ns>" and the first redelivery (Attempt > 1: the
+// broker delivered it before, to the killed process) as
+// "FIRST-REDELIVERY <unix ns>".
 type firstDeliveryConsumer struct {
 	broker.Consumer
-	out  io.Writer
-	once sync.Once
+	out         io.Writer
+	once, again sync.Once
 }
 
 func (f *firstDeliveryConsumer) Consume(ctx context.Context, handle func(context.Context, *broker.Delivery)) error {
 	return f.Consumer.Consume(ctx, func(ctx context.Context, d *broker.Delivery) {
 		f.once.Do(func() { fmt.Fprintf(f.out, "FIRST-DELIVERY %d\n", time.Now().UnixNano()) })
+		if d.Attempt > 1 {
+			f.again.Do(func() { fmt.Fprintf(f.out, "FIRST-REDELIVERY %d\n", time.Now().UnixNano()) })
+		}
 		handle(ctx, d)
 	})
 }

@@ -38,5 +38,10 @@ func TestBenchConsumeRecovery(t *testing.T) {
 		if r.AppliedAtKill <= 0 || r.AppliedAtKill >= events || r.DistinctEvents != events || r.Applied != events || r.ApplyRate <= 0 {
 			t.Errorf("round %+v: want a kill mid-stream and every event applied once", r)
 		}
+		// The killed JetStream consumer held pulled, unacked messages:
+		// they come back marked as redelivered.
+		if r.Broker == "nats-embedded" && r.FirstRedelivery <= 0 {
+			t.Errorf("nats round %+v: no redelivery of the killed consumer's messages", r)
+		}
 	}
 }
