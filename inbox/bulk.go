@@ -151,7 +151,7 @@ func (ib *Inbox[TTx]) bulkPass(ctx context.Context, txv TTx, tx driver.Tx, msgs 
 				return err
 			}
 		case "gap":
-			gapErr := fmt.Errorf("expected sequence %d, got %d", last+1, ev.AggregateSeq)
+			gapErr := gapError(last, ev.AggregateSeq)
 			if err := ib.parkLive(ctx, tx, m, ReasonGap, gapErr.Error(), nil); err != nil {
 				return err
 			}

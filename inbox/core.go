@@ -34,6 +34,7 @@ type message struct {
 	invalid  error            // decode or validation failure: park undecodable
 	attempt  int              // attempts so far including this one
 	parkedID int64            // replays: the row being replayed
+	gated    bool             // entered in Run's idGate; left after processing
 
 	// set by applyBatch
 	outcome Outcome
@@ -61,6 +62,30 @@ func newMessage(d *broker.Delivery) *message {
 	}
 	m.fp = Fingerprint(m.ev)
 	return m
+}
+
+// admit is newMessage under the consumer's limits ([WithLimits]): a
+// decoded event its producer would have refused (payload too large,
+// content type not accepted, over-long names or headers) is invalid and
+// parks as undecodable with the validation error, which names the field
+// and the limit.
+func (ib *Inbox[TTx]) admit(d *broker.Delivery) *message {
+	m := newMessage(d)
+	if m.invalid == nil {
+		m.invalid = ib.checkLimits(m.ev)
+	}
+	return m
+}
+
+// checkLimits runs the producer's validation (ferry.Limits.Validate, the
+// one validator) on a delivered event. The topic is left out: it is the
+// broker's destination, which the delivery already reached.
+func (ib *Inbox[TTx]) checkLimits(ev ferry.Event) error {
+	ev.Topic = ""
+	if err := ib.cfg.limits.Validate(0, &ev); err != nil {
+		return fmt.Errorf("inbox: event outside the consumer's limits (inbox.WithLimits): %w", err)
+	}
+	return nil
 }
 
 func validateEvent(ev *ferry.Event) error {
@@ -207,6 +232,18 @@ func decide(hasPrev bool, prevFP, fp []byte, ordering, anyStart bool, last, seq 
 	return "gap"
 }
 
+// gapError is the reason of a gap park. last is the aggregate's cursor, -1
+// when the consumer has never applied an event of it: then the next
+// expected sequence is 1 (a gap is only ever decided for an unseen
+// aggregate under StartStrict).
+func gapError(last, seq int64) error {
+	next := last + 1
+	if last < 0 {
+		next = 1
+	}
+	return fmt.Errorf("expected sequence %d, got %d", next, seq)
+}
+
 // queryRow scans the first row of a query into dest; found (if not nil)
 // says whether there was one.
 func queryRow(ctx context.Context, exec driver.Executor, sql string, args []any, found *bool, dest ...any) error {
@@ -262,7 +299,7 @@ func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m 
 	case "stale":
 		return stepResult{kind: stepStale}, nil
 	case "gap":
-		return stepResult{kind: stepGap, err: fmt.Errorf("expected sequence %d, got %d", c.lastSeq+1, ev.AggregateSeq)}, nil
+		return stepResult{kind: stepGap, err: gapError(c.lastSeq, ev.AggregateSeq)}, nil
 	case "apply":
 	default:
 		return stepResult{}, fmt.Errorf("inbox: unknown claim decision %q", c.decision)

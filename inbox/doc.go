@@ -36,16 +36,22 @@
 //
 // # What happens to a message, in order
 //
-//  1. Decoding: a message the adapter could not decode (or whose fields
-//     would break the inbox's own writes) is parked as undecodable with
-//     its raw headers and body (bounded by [WithMaxRawBytes]) and acked.
+//  1. Decoding and limits: a message the adapter could not decode (for
+//     example a CloudEvents attribute given twice), whose fields would
+//     break the inbox's own writes, or whose event is outside the
+//     consumer's [WithLimits] (the producer's validation and defaults:
+//     payload size, content types, name and header lengths) is parked as
+//     undecodable with the reason naming the attribute or field and the
+//     limit, its raw headers and body (bounded by [WithMaxRawBytes]), and
+//     acked — never applied, never dropped.
 //  2. Contract: an (event type, schema version) not declared with
 //     [WithSchemas] is parked as schema: replayable after an upgrade.
 //  3. Claim and cursor, one round trip on Postgres: if (consumer, tenant,
 //     event id) was applied before with the same fingerprint, the message is
 //     a duplicate (acked, counted, no effect); with a different fingerprint it
 //     is a collision (parked with both fingerprints, logged at error level,
-//     counted; the original effect is untouched). Otherwise the aggregate's
+//     counted; the original effect is untouched — see "Which copy is the
+//     original" below). Otherwise the aggregate's
 //     cursor decides: a sequence at or below it is stale (skipped, counted);
 //     more than one above it is a gap (parked, acked); the next one is
 //     claimed and the cursor advanced, under the cursor row's lock.
@@ -92,6 +98,24 @@
 // cancellation Run finishes (or, after [WithDrainTimeout], rolls back) the
 // transactions in flight, leaves queued messages to the broker's
 // redelivery, and returns; it starts and stops all of its goroutines.
+//
+// # Which copy is the original
+//
+// Two messages with the same (tenant, event id) and different content
+// mean a producer reused an event id. The original is the copy whose claim
+// commits first; the other parks as a collision. Run makes that the copy
+// delivered first (the stream order of a JetStream stream, the order of
+// one Kafka partition or one queue): a message whose (tenant, event id) is
+// still queued or being processed on another worker — copies on different
+// aggregates hash to different workers — is not handed to its worker until
+// that worker has finished the earlier copy. What the rule cannot cover,
+// because an applied effect is never undone: an earlier copy that was not
+// applied at its delivery (rolled back for a retry, or parked as gap,
+// schema, unauthorized or poison) does not hold its place, so a later copy
+// applied before it is retried, healed or replayed is the original; and
+// copies delivered to different processes of one consumer name, or from
+// different Kafka partitions (no order between them), are decided by
+// whichever claim commits first.
 //
 // # Batch mode
 //

@@ -40,7 +40,7 @@ func forEachNATS(t *testing.T, f func(t *testing.T, s *natsStack)) {
 }
 
 // newNATSStack connects to url, or starts an embedded server when url is "".
-func newNATSStack(t testing.TB, url string) *natsStack {
+func newNATSStack(t testing.TB, url string, opts ...natsjs.EmbeddedOption) *natsStack {
 	t.Helper()
 	ctx := context.Background()
 	pg := testenv.NewPostgresSchema(t)
@@ -53,7 +53,7 @@ func newNATSStack(t testing.TB, url string) *natsStack {
 		t.Fatal(err)
 	}
 	if url == "" {
-		emb, err := natsjs.StartEmbedded()
+		emb, err := natsjs.StartEmbedded(opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,6 +100,25 @@ func (s *natsStack) consumer(t testing.TB) *natsjs.Consumer {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// crashConsumer is a consumer on a connection of its own; kill closes
+// that connection without Consumer.Close, as a killed process would:
+// nothing is nacked and the consumer's keep-alive (InProgress) stops
+// reaching the server, which redelivers after AckWait.
+func (s *natsStack) crashConsumer(t testing.TB) (c *natsjs.Consumer, kill func()) {
+	t.Helper()
+	nc, err := natsjs.Connect(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err = natsjs.NewConsumer(context.Background(), nc, s.stream, "shipping", natsjs.WithAckWait(time.Second))
+	if err != nil {
+		nc.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(); nc.Close() })
+	return c, nc.Close
 }
 
 func pgxEffect(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
@@ -164,9 +183,11 @@ func TestNATSCrashAfterCommitBeforeAck(t *testing.T) {
 		s.publish(t, ev)
 		crash := errors.New("kill -9")
 		faulty := s.inbox(t, WithFaults[pgx.Tx](Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
-		if err := faulty.Run(context.Background(), s.consumer(t)); !errors.Is(err, ErrFault) {
+		c, kill := s.crashConsumer(t)
+		if err := faulty.Run(context.Background(), c); !errors.Is(err, ErrFault) {
 			t.Fatalf("Run with fault: %v", err)
 		}
+		kill()
 		if got := s.effectSeqs(t, ev.ID.String()); len(got) != 1 {
 			t.Fatalf("after crash: effects %v, want the committed one", got)
 		}
@@ -184,9 +205,11 @@ func TestNATSCrashBeforeCommit(t *testing.T) {
 		ev := event(t, "acme", "o1", 1, `{"n":1}`)
 		s.publish(t, ev)
 		faulty := s.inbox(t, WithFaults[pgx.Tx](Faults{BeforeCommit: func(ferry.Event) error { return errors.New("kill -9") }}))
-		if err := faulty.Run(context.Background(), s.consumer(t)); !errors.Is(err, ErrFault) {
+		c, kill := s.crashConsumer(t)
+		if err := faulty.Run(context.Background(), c); !errors.Is(err, ErrFault) {
 			t.Fatalf("Run with fault: %v", err)
 		}
+		kill()
 		if got := s.effectSeqs(t, ""); len(got) != 0 {
 			t.Fatalf("rolled back transaction left effects %v", got)
 		}

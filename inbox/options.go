@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -83,6 +84,7 @@ type config[TTx any] struct {
 	healInterval  time.Duration
 	drainTimeout  time.Duration
 	maxRawBytes   int
+	limits        ferry.Limits
 	logger        *slog.Logger
 	registerer    prometheus.Registerer
 	faults        Faults
@@ -217,6 +219,19 @@ func WithMaxRawBytes[TTx any](n int) Option[TTx] {
 	return func(c *config[TTx]) { c.maxRawBytes = n }
 }
 
+// WithLimits sets what a delivered event may hold (default ferry.Limits{},
+// the producer's defaults: 256 KiB payload, 1 KiB header values, 128-byte
+// names, ferry.DefaultContentTypes()). The inbox checks every decoded
+// event with the same [ferry.Limits.Validate] the outbox writer runs (the
+// topic excepted: it is the broker's destination, already delivered), so
+// a consumer refuses what its producer would refuse. An event outside the
+// limits is parked as undecodable, the reason naming the field and the
+// limit, and acked: never applied, never dropped. Give a consumer the
+// limits its producers were given (outbox.WithLimits).
+func WithLimits[TTx any](l ferry.Limits) Option[TTx] {
+	return func(c *config[TTx]) { c.limits = l }
+}
+
 // WithLogger sets the logger (default slog.Default()). Logs carry ids,
 // never payloads.
 func WithLogger[TTx any](l *slog.Logger) Option[TTx] {
@@ -257,6 +272,13 @@ func (c *config[TTx]) check() error {
 		return &ferry.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 	}
 	if err := c.tables.Check(); err != nil {
+		return err
+	}
+	if err := c.limits.Check(); err != nil {
+		var ce *ferry.ConfigError
+		if errors.As(err, &ce) {
+			return &ferry.ConfigError{Field: "inbox." + ce.Field, Reason: ce.Reason}
+		}
 		return err
 	}
 	switch {

@@ -14,7 +14,11 @@ import (
 // message through the inbox and acking only after its transaction
 // committed. Messages of one aggregate go to one worker (hash of tenant,
 // aggregate type and id), so they are applied serially in broker order;
-// different aggregates run in parallel on the configured workers. In-flight
+// different aggregates run in parallel on the configured workers. A message
+// whose (tenant, event id) is still queued or in process on another worker
+// (an event id reused on another aggregate) waits until that worker has
+// finished it, so of two copies the one delivered first is decided first:
+// it is applied and the later one parks as a collision. In-flight
 // work is bounded by workers × (queue + batch): when it is full Run stops
 // pulling from c.
 //
@@ -50,13 +54,14 @@ func (ib *Inbox[TTx]) Run(ctx context.Context, c broker.Consumer) error {
 	}
 
 	queues := make([]chan *message, ib.cfg.workers)
+	gate := newIDGate()
 	var wg sync.WaitGroup
 	for i := range queues {
 		queues[i] = make(chan *message, ib.cfg.queue)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ib.worker(intake, work, queues[i], onFault)
+			ib.worker(intake, work, queues[i], gate, onFault)
 		}()
 	}
 	if ib.cfg.healInterval > 0 {
@@ -71,10 +76,13 @@ func (ib *Inbox[TTx]) Run(ctx context.Context, c broker.Consumer) error {
 		if d == nil {
 			return
 		}
-		m := newMessage(d)
-		q := queues[ib.route(m)]
+		m := ib.admit(d)
+		w := ib.route(m)
+		if !gate.enter(intake, m, w) {
+			return
+		}
 		select {
-		case q <- m:
+		case queues[w] <- m:
 		case <-intake.Done():
 		}
 	})
@@ -116,7 +124,7 @@ func (ib *Inbox[TTx]) route(m *message) int {
 
 // worker applies the messages of its aggregates, one transaction per
 // message or per batch.
-func (ib *Inbox[TTx]) worker(intake, work context.Context, q <-chan *message, onFault func(error)) {
+func (ib *Inbox[TTx]) worker(intake, work context.Context, q <-chan *message, gate *idGate, onFault func(error)) {
 	batch := make([]*message, 0, ib.cfg.batch)
 	for {
 		if intake.Err() != nil {
@@ -128,7 +136,9 @@ func (ib *Inbox[TTx]) worker(intake, work context.Context, q <-chan *message, on
 		case m := <-q:
 			batch = append(batch[:0], m)
 			batch = ib.fill(intake, q, batch)
-			if err := ib.process(work, batch); err != nil {
+			err := ib.process(work, batch)
+			gate.leave(batch)
+			if err != nil {
 				onFault(err)
 				return
 			}
