@@ -52,7 +52,7 @@ func RunDemo(ctx context.Context, out io.Writer, opts ...Option) (*DemoResult, e
 	}
 	defer st.close()
 	sc := demoScenario()
-	fmt.Fprintf(out, "Ferry demo — %s, seed %d\n", st.describe(), cfg.seed)
+	fmt.Fprintf(out, "Ferry demo — %s\n", st.describe())
 	fmt.Fprintf(out, "  %d producers write an order flow (create, pay, ship, cancel) for %d tenants x %d orders;\n", cfg.producers, cfg.tenants, cfg.aggregates)
 	fmt.Fprintln(out, "  about 1 transaction in 10 rolls back on purpose. Meanwhile the relay is killed after a")
 	fmt.Fprintln(out, "  publish, the consumer dies after a commit, the broker delivers duplicates and out of order,")

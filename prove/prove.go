@@ -285,9 +285,17 @@ type progress struct {
 	mu    sync.Mutex
 	label string
 	last  time.Time
+	tty   bool // redraw in place; else plain lines at a modest rate
 }
 
-func newProgress(w io.Writer) *progress { return &progress{w: w} }
+// newProgress draws on w: an overwritten line on a terminal; elsewhere (a
+// pipe, a file, a CI log) plain lines, at most one per plainEvery per
+// scenario, so a log is not thousands of carriage-return redraws.
+func newProgress(w io.Writer) *progress { return &progress{w: w, tty: isTerminal(w)} }
+
+// plainEvery is how often a progress line is written when w is not a
+// terminal.
+const plainEvery = 5 * time.Second
 
 func (p *progress) scenario(i, n int, name string) {
 	if p.w == nil {
@@ -305,7 +313,11 @@ func (p *progress) update(format string, args ...any) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if time.Since(p.last) < 100*time.Millisecond {
+	every := 100 * time.Millisecond
+	if !p.tty {
+		every = plainEvery
+	}
+	if time.Since(p.last) < every {
 		return
 	}
 	p.line(fmt.Sprintf(format, args...))
@@ -314,11 +326,18 @@ func (p *progress) update(format string, args ...any) {
 // line writes s; the caller holds mu.
 func (p *progress) line(s string) {
 	p.last = time.Now()
-	fmt.Fprintf(p.w, "\r\033[K%s: %s", p.label, s)
+	if p.label != "" {
+		s = p.label + ": " + s
+	}
+	if !p.tty {
+		fmt.Fprintln(p.w, s)
+		return
+	}
+	fmt.Fprintf(p.w, "\r\033[K%s", s)
 }
 
 func (p *progress) done() {
-	if p.w != nil {
+	if p.w != nil && p.tty {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		fmt.Fprint(p.w, "\r\033[K")

@@ -100,6 +100,7 @@ func TestDemo(t *testing.T) {
 		"Part 3: the whole pipeline under faults",
 		"duplicate effects (charges)",
 		"Every committed event applied exactly once",
+		"Demo finished in ",
 	} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("demo output lacks %q:\n%s", want, out)
