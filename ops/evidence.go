@@ -105,7 +105,27 @@ type Published struct {
 	// (replayed before the current published_at). The outbox keeps only the
 	// last receipt; earlier ones are in the broker.
 	Publications int `json:"publications"`
+	// Broker is what the tables can say about the broker holding the
+	// event: BrokerPublished (a relay recorded the broker's ack),
+	// BrokerUnknown (no ack recorded, yet the broker may hold it — see
+	// UnknownReason), BrokerDead (refused permanently) or BrokerDiscarded.
+	// A pending row is never read as "not published": a relay marks a row
+	// only after the broker acknowledged it, so between the ack and the
+	// mark (an attempt in flight, a relay killed in between, a CDC relay
+	// whose slot passed the row before it was marked) the broker holds an
+	// event the table still calls pending. Only the broker can settle it.
+	Broker string `json:"broker"`
+	// UnknownReason explains a BrokerUnknown reading.
+	UnknownReason string `json:"unknown_reason,omitempty"`
 }
+
+// Readings of Published.Broker.
+const (
+	BrokerPublished = "published"
+	BrokerUnknown   = "unknown"
+	BrokerDead      = "dead"
+	BrokerDiscarded = "discarded"
+)
 
 // Applied is one consumer's inbox claim: the effect committed once.
 type Applied struct {
@@ -369,6 +389,7 @@ func (o *Ops) eventEvidence(ctx context.Context, id string, missing map[string]b
 				}
 			}
 		}
+		o.readBroker(ctx, p)
 		e.Published = p
 	}
 	if ok, err := o.tableExists(ctx, exec, "inbox"); err != nil {
@@ -472,7 +493,7 @@ func summarize(e EventEvidence) string {
 		case p.PublishedAt != nil:
 			parts = append(parts, fmt.Sprintf("published %s, re-publish pending", times(p.Publications)))
 		default:
-			parts = append(parts, "not yet published")
+			parts = append(parts, "publication unknown (pending: no broker ack recorded; the broker may hold it)")
 		}
 	}
 	consumers := map[string]bool{}
@@ -506,6 +527,57 @@ func summarize(e EventEvidence) string {
 		parts = append(parts, "effects: "+strings.Join(s, ", "))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// readBroker sets p.Broker and, for a pending row, why the tables cannot
+// tell whether the broker holds the event.
+func (o *Ops) readBroker(ctx context.Context, p *Published) {
+	switch {
+	case p.Discarded != nil:
+		p.Broker = BrokerDiscarded
+		return
+	case p.Status == "dead":
+		p.Broker = BrokerDead
+		return
+	case p.Status == "sent" || p.PublishedAt != nil:
+		p.Broker = BrokerPublished // a re-publish may be pending; the first one is recorded
+		return
+	}
+	p.Broker = BrokerUnknown
+	why := "pending: no relay has recorded a broker acknowledgement, but a relay marks a row only after the broker's ack, " +
+		"so a publish may be in flight, or a relay may have stopped between the ack and its mark (the next relay re-publishes the row; " +
+		"broker dedup or the inbox absorbs the copy); only the broker can tell until then"
+	if p.Attempts > 0 {
+		why += fmt.Sprintf("; %d failed attempt(s) so far — a timed-out attempt may still have reached the broker", p.Attempts)
+	}
+	if slots := o.cdcSlots(ctx); len(slots) > 0 {
+		why += fmt.Sprintf("; a CDC relay streams this outbox (slot %s): a row its slot has passed without a mark is re-published and marked by its reconciler (see docs/CDC.md)",
+			strings.Join(slots, ", "))
+	}
+	p.UnknownReason = why
+}
+
+// cdcSlots names the CDC relays' slots recorded for this outbox (none when
+// the bookkeeping table is not installed or cannot be read: the reason
+// above then simply says less).
+func (o *Ops) cdcSlots(ctx context.Context) []string {
+	exec := o.db.Executor()
+	if ok, err := o.tableExists(ctx, exec, "cdc_slot"); err != nil || !ok {
+		return nil
+	}
+	rows, err := exec.Query(ctx, fmt.Sprintf(`SELECT slot_name FROM %s ORDER BY slot_name`, o.t("cdc_slot")))
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if rows.Scan(&s) == nil {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func times(n int) string {

@@ -59,6 +59,9 @@ returns.`,
 					if p.LastError != "" {
 						fmt.Fprintf(w, "             last error: %s\n", p.LastError)
 					}
+					if p.Broker == ops.BrokerUnknown {
+						fmt.Fprintf(w, "             broker: UNKNOWN — %s\n", p.UnknownReason)
+					}
 				}
 				for _, a := range e.Applied {
 					fmt.Fprintf(w, "  applied    by %s at %s\n", a.Consumer, ts(&a.AppliedAt))

@@ -65,6 +65,9 @@ type Status struct {
 	Dead       int64
 	Retries    int64
 	SlotLosses int64
+	// Reconciled counts rows the reconciler found pending behind the
+	// slot and re-published and marked (see WithReconcileInterval).
+	Reconciled int64
 	// CatchingUp is true while the relay re-publishes pending rows from
 	// the table after it created or recreated the slot.
 	CatchingUp bool
@@ -87,7 +90,7 @@ type Relay struct {
 	st       Status
 	lagAlert bool // guarded by mu: an alert is open (log once per crossing)
 
-	published, dead, retries, losses atomic.Int64
+	published, dead, retries, losses, reconciled atomic.Int64
 }
 
 // New validates the configuration and returns a relay. connString is an
@@ -150,6 +153,7 @@ func (r *Relay) Status() Status {
 	st := r.st
 	r.mu.Unlock()
 	st.Published, st.Dead, st.Retries, st.SlotLosses = r.published.Load(), r.dead.Load(), r.retries.Load(), r.losses.Load()
+	st.Reconciled = r.reconciled.Load()
 	return st
 }
 

@@ -31,10 +31,20 @@ func runChild() int {
 		return 2
 	}
 	defer p.Close()
-	r, err := cdc.New(get("URL"), p,
+	opts := []cdc.Option{
 		cdc.WithTables(ferry.Tables{Schema: get("SCHEMA")}), cdc.WithSlotName(get("SLOT")), cdc.WithPublicationName(get("PUB")),
-		cdc.WithStandbyTimeout(100*time.Millisecond), cdc.WithAcquireInterval(50*time.Millisecond),
-		cdc.WithBackoff(20*time.Millisecond, 200*time.Millisecond), cdc.WithLogger(testLogger()))
+		cdc.WithStandbyTimeout(100 * time.Millisecond), cdc.WithAcquireInterval(50 * time.Millisecond),
+		cdc.WithBackoff(20*time.Millisecond, 200*time.Millisecond), cdc.WithLogger(testLogger()),
+	}
+	// Optional knobs of the convergence test (converge_test.go).
+	if d, err := time.ParseDuration(get("FLUSH")); err == nil {
+		opts = append(opts, cdc.WithFlushInterval(d))
+	}
+	if d, err := time.ParseDuration(get("RECONCILE")); err == nil {
+		opts = append(opts, cdc.WithReconcileInterval(d))
+	}
+	opts = append(opts, cdc.WithFaults(faultsFrom(get("FAULTS"))))
+	r, err := cdc.New(get("URL"), p, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 2
@@ -46,10 +56,14 @@ func runChild() int {
 	return 0
 }
 
-func (h *harness) startChild(t *testing.T, k *kafkaSink) *exec.Cmd {
+func (h *harness) startChild(t *testing.T, k *kafkaSink, extraEnv ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
+	env := os.Environ()
+	for _, kv := range extraEnv {
+		env = append(env, childEnv+"_"+kv)
+	}
+	cmd.Env = append(env,
 		childEnv+"=1",
 		childEnv+"_URL="+h.s.URL,
 		childEnv+"_SCHEMA="+h.s.Schema,

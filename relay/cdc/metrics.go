@@ -14,6 +14,7 @@ type metrics struct {
 	retries     prometheus.Counter
 	slotLost    prometheus.Counter
 	catchUp     prometheus.Counter
+	reconciled  prometheus.Counter
 	lagAlerts   prometheus.Counter
 	lagBytes    prometheus.Gauge
 	lagSeconds  prometheus.Gauge
@@ -37,6 +38,7 @@ func newMetrics(reg prometheus.Registerer, slot string) (*metrics, error) {
 		retries:     counter("publish_retries_total", "Publish attempts retried after a transient broker failure."),
 		slotLost:    counter("slot_lost_total", "Replication slots found lost (wal_status=lost) or dropped; each triggers a catch-up from the table."),
 		catchUp:     counter("catchup_events_total", "Pending rows re-published from the table after a slot was (re)created."),
+		reconciled:  counter("reconciled_events_total", "Rows found pending behind the slot's confirmed position and re-published and marked by the reconciler."),
 		lagAlerts:   counter("lag_alerts_total", "Times slot lag crossed the alert threshold."),
 		lagBytes:    gauge("slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot: WAL Postgres keeps for this relay."),
 		lagSeconds:  gauge("slot_lag_seconds", "Seconds since the slot's confirmed position last moved, while lag is positive."),
@@ -50,7 +52,7 @@ func newMetrics(reg prometheus.Registerer, slot string) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.published, m.dead, m.retries, m.slotLost, m.catchUp, m.lagAlerts,
+	for _, c := range []prometheus.Collector{m.published, m.dead, m.retries, m.slotLost, m.catchUp, m.reconciled, m.lagAlerts,
 		m.lagBytes, m.lagSeconds, m.confirmed, m.active, m.sessionErrs, m.ackLatency} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

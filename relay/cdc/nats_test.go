@@ -129,7 +129,7 @@ func TestBrokerDown(t *testing.T) {
 		wantLoss bool
 	}{
 		{"safe", cdc.Faults{}, false},
-		{"negative_control_confirm_before_ack", cdc.Faults{ConfirmBeforeAck: true}, true},
+		{"negative_control_confirm_before_ack", cdc.Faults{ConfirmBeforeAck: true, NoReconcile: true}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -262,7 +262,7 @@ func TestSlotDroppedWhileStopped(t *testing.T) {
 		wantLoss bool
 	}{
 		{"safe", cdc.Faults{}, false},
-		{"negative_control_no_catch_up", cdc.Faults{NoCatchUp: true}, true},
+		{"negative_control_no_catch_up", cdc.Faults{NoCatchUp: true, NoReconcile: true}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()

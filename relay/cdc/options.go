@@ -23,6 +23,8 @@ type config struct {
 	heartbeat     time.Duration // pg_logical_emit_message interval, 0 = off
 	monitor       time.Duration // slot-lag sampling interval
 	flushInterval time.Duration // status flusher interval
+	reconcile     time.Duration // how often pending rows behind the slot are looked for
+	visibleWait   time.Duration // how long record waits for decoded rows to become visible
 	maxBatch      int           // events per Publish call
 	maxPending    int           // decoded transactions buffered ahead of the publisher
 	backoffMin    time.Duration
@@ -43,6 +45,8 @@ func defaultConfig() config {
 		acquire:       2 * time.Second,
 		monitor:       5 * time.Second,
 		flushInterval: 20 * time.Millisecond,
+		reconcile:     10 * time.Second,
+		visibleWait:   2 * time.Second,
 		maxBatch:      512,
 		maxPending:    4096,
 		backoffMin:    100 * time.Millisecond,
@@ -99,6 +103,17 @@ func WithMonitorInterval(d time.Duration) Option { return func(c *config) { c.mo
 // slot that trails by that much more.
 func WithFlushInterval(d time.Duration) Option { return func(c *config) { c.flushInterval = d } }
 
+// WithReconcileInterval sets how often the relay looks for rows left
+// 'pending' behind its slot (default 10s): it notes the oldest pending rows
+// and the current WAL insert position, and once the slot's confirmed
+// position has passed that position, re-publishes whichever of those rows
+// are still pending (the broker's dedup answers with the original receipt)
+// and marks them. Such rows are left by a transaction whose rows were not
+// yet visible when the relay marked its batch (see docs/CDC.md, "Table
+// and broker agree"), or by an older relay version; a healthy relay finds
+// none. A row is repaired within about two intervals.
+func WithReconcileInterval(d time.Duration) Option { return func(c *config) { c.reconcile = d } }
+
 // WithMaxBatch bounds the events handed to one Publisher.Publish call
 // (default 512). Transactions are never split across calls unless one
 // transaction alone is larger.
@@ -146,6 +161,23 @@ type Faults struct {
 	// NoIdleAdvance never confirms keepalive positions: with an idle
 	// outbox the slot then pins WAL however busy other tables are.
 	NoIdleAdvance bool
+	// ConfirmBeforeMark confirms a batch's LSN as soon as the broker
+	// acknowledged it, before its rows are marked sent: a crash in between
+	// leaves published rows 'pending' behind the slot, never streamed
+	// again (the ordering issue #23 suspected). Pair it with NoReconcile
+	// to see the table disagree with the broker.
+	ConfirmBeforeMark bool
+	// NoVisibilityWait trusts the marking UPDATE even when it did not find
+	// every row (the behaviour before #23): a row decoded from the log
+	// before its transaction is visible to other sessions is then never
+	// marked, although it was published.
+	NoVisibilityWait bool
+	// NoReconcile never looks for pending rows behind the slot, so rows
+	// left pending by a fault stay pending (the table keeps disagreeing
+	// with the broker). The other negative controls that must show a loss
+	// set it too: the reconciler would otherwise re-publish what they
+	// skipped.
+	NoReconcile bool
 	// BeforeConfirm, when set, is called with each LSN about to be
 	// confirmed (test hook, e.g. to observe or to crash at that point).
 	BeforeConfirm func(lsn uint64)
@@ -172,6 +204,7 @@ func (c *config) check() error {
 		{"acquire_interval", c.acquire, 10 * time.Millisecond, 10 * time.Minute},
 		{"monitor_interval", c.monitor, 10 * time.Millisecond, 10 * time.Minute},
 		{"flush_interval", c.flushInterval, time.Millisecond, 10 * time.Second},
+		{"reconcile_interval", c.reconcile, 10 * time.Millisecond, time.Hour},
 		{"backoff_min", c.backoffMin, time.Millisecond, time.Minute},
 		{"backoff_max", c.backoffMax, c.backoffMin, 10 * time.Minute},
 	} {

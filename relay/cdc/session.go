@@ -241,7 +241,10 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool, tgt target)
 		r.m.slotLost.Inc()
 		r.log.Error("cdc: ALERT replication slot lost; recreating it and re-publishing pending rows from the outbox table",
 			"alert", "slot_lost", "reason", lost, "err", ErrSlotLost)
-		if _, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET catchup_needed = true, lost_count = lost_count + 1,
+		// catchup_upto is cleared with the marker: a crash after the new
+		// slot is created and before its bound is written must not leave
+		// the previous slot's (smaller) bound, which would skip rows.
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET catchup_needed = true, catchup_upto = NULL, lost_count = lost_count + 1,
 			lost_at = now(), last_error = $2 WHERE slot_name = $1`, tgt.slotTable), r.cfg.slot, lost); err != nil {
 			return false, fmt.Errorf("cdc: record slot loss: %w", err)
 		}
@@ -250,7 +253,7 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool, tgt target)
 	if !slotExists {
 		// First start: rows written before the slot existed are only in the table.
 		_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot_name, publication, catchup_needed) VALUES ($1, $2, true)
-			ON CONFLICT (slot_name) DO UPDATE SET catchup_needed = true`, tgt.slotTable), r.cfg.slot, r.cfg.publication)
+			ON CONFLICT (slot_name) DO UPDATE SET catchup_needed = true, catchup_upto = NULL`, tgt.slotTable), r.cfg.slot, r.cfg.publication)
 		if err != nil {
 			return false, fmt.Errorf("cdc: record slot: %w", err)
 		}
@@ -486,11 +489,23 @@ func (s *session) ship(ctx context.Context) error {
 	}
 	var batch []*txn
 	var events []ferry.Event
+	var rec reconcileState
+	var tick <-chan time.Time
+	if !s.r.cfg.faults.NoReconcile {
+		t := time.NewTicker(s.r.cfg.reconcile)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		batch, events = batch[:0], events[:0]
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-tick:
+			if err := s.reconcile(ctx, &rec); err != nil {
+				return err
+			}
+			continue
 		case t := <-s.txCh:
 			batch = append(batch, t)
 			events = append(events, t.events...)
@@ -516,6 +531,9 @@ func (s *session) ship(ctx context.Context) error {
 			}
 		}
 		item := flushItem{outcomes: outs, lsn: batch[len(batch)-1].end, ntx: int64(len(batch))}
+		if s.r.cfg.faults.ConfirmBeforeMark {
+			s.advance(item.lsn) // the broken order: confirmed before the rows say sent
+		}
 		select {
 		case s.flushCh <- item:
 		case <-ctx.Done():
@@ -663,10 +681,45 @@ func (s *session) flush(ctx context.Context) error {
 // record writes outcomes: sent rows get published_at and the receipt, dead
 // rows last_error. Rows another relay already marked are left alone. It
 // retries database errors with backoff until ctx ends.
+//
+// Postgres writes a transaction's commit record to the WAL, and the
+// walsender may decode and send it, before the transaction is visible to
+// other sessions (the committing backend leaves the proc array a moment
+// later; under CPU pressure or with synchronous replication, much later).
+// A row published that fast can be missing from the marking UPDATE's
+// snapshot: the UPDATE then finds nothing, and confirming the LSN anyway
+// would leave a published row 'pending' for ever (issue #23). So record
+// also returns the ids its statement could not see at all, and waits for
+// them (bounded by visibleWait) before the caller confirms; whatever is
+// still invisible after that is left to the reconciler.
 func (s *session) record(ctx context.Context, outs []outcome) error {
-	if len(outs) == 0 {
-		return nil
+	wait := time.Millisecond
+	deadline := time.Now().Add(s.r.cfg.visibleWait)
+	for len(outs) > 0 {
+		missing, err := s.recordOnce(ctx, outs)
+		if err != nil {
+			return err
+		}
+		if len(missing) == 0 || s.r.cfg.faults.NoVisibilityWait {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			s.r.log.Warn("cdc: rows decoded from the WAL are still not visible in the outbox table; leaving them pending for the reconciler "+
+				"(is this relay listed in synchronous_standby_names?)", "rows", len(missing), "first_event_id", missing[0].id, "waited", s.r.cfg.visibleWait)
+			return nil
+		}
+		if !sleep(ctx, wait) {
+			return ctx.Err()
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+		outs = missing
 	}
+	return nil
+}
+
+// recordOnce runs the marking statement once and returns the outcomes
+// whose rows its snapshot did not contain (not yet visible).
+func (s *session) recordOnce(ctx context.Context, outs []outcome) ([]outcome, error) {
 	var sentIDs, receipts, deadIDs, deadErrs []string
 	for _, o := range outs {
 		if o.dead != "" {
@@ -675,6 +728,9 @@ func (s *session) record(ctx context.Context, outs []outcome) error {
 			sentIDs, receipts = append(sentIDs, o.id.String()), append(receipts, o.receipt)
 		}
 	}
+	// Data-modifying CTEs run to completion whether or not the main query
+	// reads them; the main query sees the statement's snapshot, so a row
+	// absent there is one this UPDATE could not have marked.
 	q := fmt.Sprintf(`WITH sent AS (
     UPDATE %[1]s o SET status = 'sent', published_at = now(), broker_receipt = r.receipt, attempts = o.attempts + 1
     FROM unnest($1::uuid[], $2::text[]) AS r(event_id, receipt)
@@ -686,23 +742,104 @@ func (s *session) record(ctx context.Context, outs []outcome) error {
     WHERE o.event_id = r.event_id AND o.status = 'pending'
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM sent), (SELECT count(*) FROM dead)`, s.tgt.qualified)
+SELECT coalesce(array_agg(x.event_id::text), '{}') FROM unnest(array_cat($1::uuid[], $3::uuid[])) AS x(event_id)
+WHERE NOT EXISTS (SELECT 1 FROM %[1]s o WHERE o.event_id = x.event_id)`, s.tgt.qualified)
 	b := backoff{min: s.r.cfg.backoffMin, max: s.r.cfg.backoffMax}
 	for {
-		var a, d int64
-		err := s.pool.QueryRow(ctx, q, sentIDs, receipts, deadIDs, deadErrs).Scan(&a, &d)
+		var invisible []string
+		err := s.pool.QueryRow(ctx, q, sentIDs, receipts, deadIDs, deadErrs).Scan(&invisible)
 		if err == nil {
-			return nil
+			if len(invisible) == 0 {
+				return nil, nil
+			}
+			miss := make(map[string]bool, len(invisible))
+			for _, id := range invisible {
+				miss[id] = true
+			}
+			var out []outcome
+			for _, o := range outs {
+				if miss[o.id.String()] {
+					out = append(out, o)
+				}
+			}
+			return out, nil
 		}
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		wait := b.next()
 		s.r.log.Warn("cdc: recording publication failed, retrying (the slot does not advance meanwhile)", "err", err, "retry_in", wait)
 		if !sleep(ctx, wait) {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
+}
+
+// reconcileState is the reconciler's note between two ticks: the oldest
+// pending rows seen and the WAL insert position right after that snapshot
+// (every one of them committed before it).
+type reconcileState struct {
+	w      pglogrepl.LSN
+	ids    []int64
+	armed  bool
+	nudged bool
+}
+
+// reconcile repairs rows left 'pending' behind the slot. At one tick it
+// notes the oldest pending rows and W, the WAL insert position evaluated
+// after the statement's snapshot, so each noted row committed before W. At
+// a later tick, once this session has confirmed a position >= W, each of
+// those rows' transactions went through publish and record; a row still
+// pending was published but not marked (a crash between the broker's ack
+// and a mark of an older build, a row not yet visible when it was marked,
+// a lost catch-up) and the slot will never send it again. It is
+// re-published — the broker's dedup absorbs the copy and answers with the
+// original receipt — and marked. Rows still ahead of the slot (a backlog
+// in flight) are never touched, so an outage causes no republishing storm.
+func (s *session) reconcile(ctx context.Context, st *reconcileState) error {
+	if st.armed {
+		if pglogrepl.LSN(s.confirmed.Load()) < st.w {
+			if !st.nudged {
+				// On an idle database nothing may move WAL past W: a
+				// non-transactional logical message does (never published:
+				// the stream runs with messages=false).
+				st.nudged = true
+				if _, err := s.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, 'ferry.reconcile', '')`); err != nil && ctx.Err() == nil {
+					s.r.log.Debug("cdc: reconcile nudge failed", "err", err)
+				}
+			}
+			return nil
+		}
+		st.armed = false
+		q := fmt.Sprintf(`SELECT %s FROM %s WHERE status = 'pending' AND id = ANY($1) ORDER BY id`, pendingCols, s.tgt.qualified)
+		events, _, err := s.pendingEvents(ctx, q, st.ids)
+		if err != nil {
+			return err
+		}
+		if len(events) > 0 {
+			s.r.log.Warn("cdc: rows pending behind the slot's confirmed position; re-publishing them (broker dedup returns the original receipt) and marking them",
+				"rows", len(events), "first_event_id", events[0].ID, "confirmed_lsn", pglogrepl.LSN(s.confirmed.Load()).String(), "behind", st.w.String())
+			outs, err := s.publishAll(ctx, events)
+			if err != nil {
+				return err
+			}
+			if err := s.record(ctx, outs); err != nil {
+				return err
+			}
+			s.r.reconciled.Add(int64(len(events)))
+			s.r.m.reconciled.Add(float64(len(events)))
+		}
+	}
+	q := fmt.Sprintf(`SELECT pg_current_wal_insert_lsn(), coalesce(array(SELECT id FROM %s WHERE status = 'pending' ORDER BY id LIMIT $1), '{}')`, s.tgt.qualified)
+	if err := s.pool.QueryRow(ctx, q, s.r.cfg.maxBatch).Scan(&st.w, &st.ids); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.r.log.Warn("cdc: reconcile snapshot failed, retrying next interval", "err", err)
+		return nil
+	}
+	st.armed, st.nudged = len(st.ids) > 0, false
+	return nil
 }
 
 // runCatchUp re-publishes pending rows from the table after the slot was
@@ -711,37 +848,18 @@ SELECT (SELECT count(*) FROM sent), (SELECT count(*) FROM dead)`, s.tgt.qualifie
 // and only then clears the durable marker.
 func (s *session) runCatchUp(ctx context.Context) error {
 	s.r.log.Info("cdc: catching up pending rows from the outbox table")
-	cols := `id, event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
-		topic, shard, content_type, payload, occurred_at, traceparent, correlation_id, causation_id, principal, action, target`
 	q := fmt.Sprintf(`SELECT %s FROM %s WHERE status = 'pending' AND id > $1 AND ($3::bigint IS NULL OR id <= $3)
-		ORDER BY id LIMIT $2`, cols, s.tgt.qualified)
+		ORDER BY id LIMIT $2`, pendingCols, s.tgt.qualified)
 	var last, total int64
 	for {
-		rows, err := s.pool.Query(ctx, q, last, s.r.cfg.maxBatch, s.catchUpTo)
+		events, maxID, err := s.pendingEvents(ctx, q, last, s.r.cfg.maxBatch, s.catchUpTo)
 		if err != nil {
-			return fmt.Errorf("cdc: catch-up read: %w", err)
-		}
-		var events []ferry.Event
-		for rows.Next() {
-			var e ferry.Event
-			var sv, shard int32
-			if err := rows.Scan(&last, &e.ID, &e.TenantID, &e.AggregateType, &e.AggregateID, &e.AggregateSeq, &e.EventType, &sv,
-				&e.Topic, &shard, &e.ContentType, &e.Payload, &e.OccurredAt, &e.Headers.Traceparent, &e.Headers.CorrelationID,
-				&e.Headers.CausationID, &e.Headers.Principal, &e.Headers.Action, &e.Headers.Target); err != nil {
-				rows.Close()
-				return fmt.Errorf("cdc: catch-up scan: %w", err)
-			}
-			e.SchemaVersion, e.Shard = int(sv), int(shard)
-			e.OccurredAt = e.OccurredAt.UTC()
-			events = append(events, e)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("cdc: catch-up read: %w", err)
+			return err
 		}
 		if len(events) == 0 {
 			break
 		}
+		last = maxID
 		outs, err := s.publishAll(ctx, events)
 		if err != nil {
 			return err
@@ -758,6 +876,40 @@ func (s *session) runCatchUp(ctx context.Context) error {
 	s.r.setCatchingUp(false)
 	s.r.log.Info("cdc: catch-up done", "events", total)
 	return nil
+}
+
+// pendingCols are the outbox columns pendingEvents scans, id first.
+const pendingCols = `id, event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
+		topic, shard, content_type, payload, occurred_at, traceparent, correlation_id, causation_id, principal, action, target`
+
+// pendingEvents runs q (selecting pendingCols) and returns the events and
+// the highest outbox id read.
+func (s *session) pendingEvents(ctx context.Context, q string, args ...any) ([]ferry.Event, int64, error) {
+	rows, err := s.pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, 0, fmt.Errorf("cdc: read pending rows: %w", err)
+	}
+	defer rows.Close()
+	var events []ferry.Event
+	var last int64
+	for rows.Next() {
+		var e ferry.Event
+		var sv, shard int32
+		var id int64
+		if err := rows.Scan(&id, &e.ID, &e.TenantID, &e.AggregateType, &e.AggregateID, &e.AggregateSeq, &e.EventType, &sv,
+			&e.Topic, &shard, &e.ContentType, &e.Payload, &e.OccurredAt, &e.Headers.Traceparent, &e.Headers.CorrelationID,
+			&e.Headers.CausationID, &e.Headers.Principal, &e.Headers.Action, &e.Headers.Target); err != nil {
+			return nil, 0, fmt.Errorf("cdc: scan pending row: %w", err)
+		}
+		e.SchemaVersion, e.Shard = int(sv), int(shard)
+		e.OccurredAt = e.OccurredAt.UTC()
+		events = append(events, e)
+		last = max(last, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("cdc: read pending rows: %w", err)
+	}
+	return events, last, nil
 }
 
 // snapshotMaxID returns the highest outbox id visible in the exported

@@ -1,0 +1,381 @@
+package cdc_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/relay/cdc"
+)
+
+// faultsFrom parses the child's FAULTS list (comma-separated names).
+func faultsFrom(s string) cdc.Faults {
+	var f cdc.Faults
+	for _, n := range strings.Split(s, ",") {
+		switch strings.TrimSpace(n) {
+		case "confirm-before-mark":
+			f.ConfirmBeforeMark = true
+		case "no-reconcile":
+			f.NoReconcile = true
+		case "no-visibility-wait":
+			f.NoVisibilityWait = true
+		}
+	}
+	return f
+}
+
+// producers commit outbox transactions from n goroutines until stop is
+// closed: 1-3 events each, a fifth of them rolled back. It returns the
+// committed events once they have all returned.
+func (h *harness) producers(ctx context.Context, n int, pause time.Duration, stop <-chan struct{}) func() []ferry.Event {
+	var mu sync.Mutex
+	var committed []ferry.Event
+	var wg sync.WaitGroup
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tx, err := h.s.Pool.Begin(ctx)
+				if err != nil {
+					h.t.Error(err)
+					return
+				}
+				evs := make([]ferry.Event, 1+i%3)
+				for j := range evs {
+					evs[j] = event(fmt.Sprintf("w%d-agg-%d", w, (i+j)%5))
+				}
+				evs, err = h.w.InsertTx(ctx, tx, evs...)
+				if err != nil {
+					h.t.Error(err)
+					_ = tx.Rollback(ctx)
+					return
+				}
+				if rand.IntN(5) == 0 {
+					_ = tx.Rollback(ctx)
+				} else if err := tx.Commit(ctx); err != nil {
+					h.t.Error(err)
+					return
+				} else {
+					mu.Lock()
+					committed = append(committed, evs...)
+					mu.Unlock()
+				}
+				time.Sleep(time.Duration(rand.Int64N(int64(pause) + 1)))
+			}
+		}()
+	}
+	return func() []ferry.Event {
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return committed
+	}
+}
+
+// rowState is the relay's record of one event in the outbox table.
+type rowState struct {
+	status, receipt string
+}
+
+func (h *harness) rowStates(ctx context.Context, pool *pgxpool.Pool) map[string]rowState {
+	h.t.Helper()
+	rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT event_id::text, status, coalesce(broker_receipt, '') FROM %s`, h.tables.Name("outbox")))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]rowState{}
+	for rows.Next() {
+		var id string
+		var st rowState
+		if err := rows.Scan(&id, &st.status, &st.receipt); err != nil {
+			h.t.Fatal(err)
+		}
+		out[id] = st
+	}
+	if err := rows.Err(); err != nil {
+		h.t.Fatal(err)
+	}
+	return out
+}
+
+// disagreements compares the table with the broker for every committed
+// event: on the broker <=> marked sent, and a sent row's receipt names a
+// stored copy of that very event (Kafka offset of the one-partition topic).
+func disagreements(committed []ferry.Event, table map[string]rowState, got []record) []string {
+	byOffset := map[int64]string{}
+	onBroker := map[string]bool{}
+	for _, r := range got {
+		byOffset[r.offset] = r.id
+		onBroker[r.id] = true
+	}
+	var out []string
+	for _, e := range committed {
+		id := e.ID.String()
+		row, ok := table[id]
+		switch {
+		case !ok:
+			out = append(out, id+": no outbox row")
+		case onBroker[id] && row.status != "sent":
+			out = append(out, fmt.Sprintf("%s: on the broker but the table says %s (receipt %q)", id, row.status, row.receipt))
+		case !onBroker[id] && row.status == "sent":
+			out = append(out, id+": marked sent but not on the broker")
+		case row.status == "sent":
+			var rc broker.Receipt
+			if err := json.Unmarshal([]byte(row.receipt), &rc); err != nil {
+				out = append(out, fmt.Sprintf("%s: sent with an unreadable receipt %q", id, row.receipt))
+			} else if byOffset[rc.Offset] != id {
+				out = append(out, fmt.Sprintf("%s: receipt names offset %d, which holds %q", id, rc.Offset, byOffset[rc.Offset]))
+			}
+		}
+	}
+	return out
+}
+
+// killRun is one SIGKILL run: producers write while a relay subprocess is
+// SIGKILLed kills times (the first kill early, while the first start's
+// catch-up from the table runs; later ones at random moments mid-stream,
+// some while a restarted relay streams its backlog); then a relay with the
+// same settings runs until the broker holds every committed event.
+type killRun struct {
+	kills       int
+	env         []string // child settings: FAULTS=..., FLUSH=..., RECONCILE=...
+	final       []cdc.Option
+	settleFor   time.Duration // how long the table may take to agree
+	wantAgree   bool
+	downBetween time.Duration // relay down after a kill: a backlog builds up
+	life        time.Duration // a relay lives 200ms + up to this before its kill (default 900ms)
+	// writers and pause shape the load (default 4 writers, pausing up to
+	// 3ms after each transaction).
+	writers int
+	pause   time.Duration
+}
+
+func (kr killRun) run(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	k := startKafka(t)
+	stop := make(chan struct{})
+	writers, pause := kr.writers, kr.pause
+	if writers == 0 {
+		writers, pause = 4, 3*time.Millisecond
+	}
+	wait := h.producers(ctx, writers, pause, stop)
+	time.Sleep(300 * time.Millisecond) // rows before the slot exists: the first start catches them up
+	for i := range kr.kills {
+		cmd := h.startChild(t, k, kr.env...)
+		life := kr.life
+		if life == 0 {
+			life = 900 * time.Millisecond
+		}
+		d := 200*time.Millisecond + time.Duration(rand.Int64N(int64(life)))
+		if i == 0 {
+			d = time.Duration(50+rand.IntN(200)) * time.Millisecond // mid catch-up
+		}
+		time.Sleep(d)
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		if testing.Verbose() {
+			t.Logf("kill %d after %v: slot confirmed %s, table %v", i, d, h.confirmed(ctx), h.statusCounts(ctx))
+		}
+		time.Sleep(time.Duration(rand.Int64N(int64(kr.downBetween) + 1)))
+	}
+	close(stop)
+	committed := wait()
+	if len(committed) < 100 {
+		t.Fatalf("only %d events committed: the run did not exercise the relay", len(committed))
+	}
+	pre := disagreements(committed, h.rowStates(ctx, h.s.Pool), k.read(time.Second, func([]record) bool { return false }))
+	t.Logf("after the last kill: table %v, %d rows disagree with the broker", h.statusCounts(ctx), len(pre))
+	fr, stopRelay := h.start(k.publisher(), kr.final...)
+	defer stopRelay()
+	defer func() { t.Logf("final relay: %+v", fr.Status()) }()
+	got := k.read(90*time.Second, allDelivered(committed))
+	v := judge(committed, got)
+	if v.lost != 0 || v.phantom != 0 {
+		t.Fatalf("broker side: lost=%d phantom=%d (of %d committed)", v.lost, v.phantom, len(committed))
+	}
+	var bad []string
+	deadline := time.Now().Add(kr.settleFor)
+	for {
+		bad = disagreements(committed, h.rowStates(ctx, h.s.Pool), k.read(time.Second, allDelivered(committed)))
+		if len(bad) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("%d kills, %d events committed, %d records at the broker (%d duplicates), %d table/broker disagreements",
+		kr.kills, len(committed), len(got), v.duplicates, len(bad))
+	switch {
+	case kr.wantAgree && len(bad) > 0:
+		t.Errorf("table and broker disagree on %d events, e.g.:\n%s", len(bad), strings.Join(bad[:min(5, len(bad))], "\n"))
+	case !kr.wantAgree && len(bad) == 0:
+		t.Errorf("negative control: the broken relay left the table agreeing with the broker; the check cannot fail")
+	}
+}
+
+// TestSIGKILLTableAgreesWithBroker: the relay runs as a subprocess,
+// SIGKILLed 10 times at random moments (mid catch-up, mid-stream, mid
+// backlog); afterwards, for every committed event, the outbox row is
+// 'sent' exactly when the broker holds the event, and its receipt names the
+// stored copy. Issue #23's acceptance check, on the table rather than the
+// stream.
+func TestSIGKILLTableAgreesWithBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills processes; not in -short")
+	}
+	killRun{kills: 10, wantAgree: true, settleFor: 30 * time.Second, downBetween: 300 * time.Millisecond,
+		env:   []string{"RECONCILE=200ms"},
+		final: []cdc.Option{cdc.WithReconcileInterval(200 * time.Millisecond)}}.run(t)
+}
+
+// TestSIGKILLConfirmBeforeMarkControl is the negative control: a relay
+// that confirms a batch's LSN at the broker's ack, before its rows are
+// marked (slow marks: 300ms flush interval), and does not reconcile. A
+// SIGKILL between the confirmation and the mark leaves published rows
+// pending behind the slot, and the table disagrees with the broker for
+// good. The second half runs the same broken order with the reconciler on:
+// the table converges, which is what the reconciler is for.
+func TestSIGKILLConfirmBeforeMarkControl(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills processes; not in -short")
+	}
+	t.Run("no-reconcile", func(t *testing.T) {
+		f := cdc.Faults{ConfirmBeforeMark: true, NoReconcile: true}
+		killRun{kills: 5, wantAgree: false, settleFor: 3 * time.Second, life: 3 * time.Second, writers: 1, pause: 10 * time.Millisecond,
+			env:   []string{"FAULTS=confirm-before-mark,no-reconcile", "FLUSH=1500ms"},
+			final: []cdc.Option{cdc.WithFaults(f), cdc.WithFlushInterval(1500 * time.Millisecond)}}.run(t)
+	})
+	t.Run("reconciled", func(t *testing.T) {
+		f := cdc.Faults{ConfirmBeforeMark: true}
+		killRun{kills: 8, wantAgree: true, settleFor: 30 * time.Second,
+			env: []string{"FAULTS=confirm-before-mark", "FLUSH=300ms", "RECONCILE=200ms"},
+			final: []cdc.Option{cdc.WithFaults(f), cdc.WithFlushInterval(300 * time.Millisecond),
+				cdc.WithReconcileInterval(200 * time.Millisecond)}}.run(t)
+	})
+}
+
+// TestRowsDecodedBeforeVisible reproduces the root cause of issue #23
+// deterministically. Postgres sends a transaction to logical decoding as
+// soon as its commit record is flushed, but other sessions see its rows
+// only once the committing backend leaves the proc array, a moment later —
+// normally microseconds, longer for a backend descheduled on a loaded
+// machine. A relay that publishes within that moment and marks with
+// UPDATE ... WHERE status = 'pending' finds no row, confirms the LSN
+// anyway, and the published row stays pending for ever.
+//
+// Synchronous replication stretches the moment at will: on a throwaway
+// cluster whose synchronous standby is the relay itself, the producer's
+// commit waits (after the WAL flush, before becoming visible) until the
+// relay confirms the transaction — so the relay always publishes and marks
+// rows nobody can see yet. The old relay (no visibility check, no
+// reconciler) leaves every such row pending; the fixed relay's mark finds
+// them missing, waits, gives up after its bound (here the wait can never
+// end: it is what releases the producer), and its reconciler re-publishes
+// and marks them once the slot has passed them.
+func TestRowsDecodedBeforeVisible(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a Postgres cluster of its own")
+	}
+	pg := testenv.NewThrowawayPostgres(t, map[string]string{
+		"wal_level": "logical", "max_replication_slots": "8", "max_wal_senders": "8",
+		// Only the producer below waits for the standby (it sets
+		// synchronous_commit = on); everything else commits locally.
+		"synchronous_commit": "local", "synchronous_standby_names": "ferry_sync",
+	})
+	for _, tc := range []struct {
+		name      string
+		faults    cdc.Faults
+		wantAgree bool
+	}{
+		{"old-relay", cdc.Faults{NoVisibilityWait: true, NoReconcile: true}, false},
+		{"fixed", cdc.Faults{}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			h := newHarnessOn(t, testenv.NewPostgresSchemaAt(t, pg.URL))
+			k := startKafka(t)
+			// The relay's walsender is the synchronous standby.
+			url := h.s.URL + "&application_name=ferry_sync" // testenv's URL carries search_path already
+			r, err := cdc.New(url, k.publisher(), h.relayOpts(cdc.WithFaults(tc.faults), cdc.WithReconcileInterval(200*time.Millisecond))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- r.Run(rctx) }()
+			defer func() { cancel(); <-done }()
+			waitFor(t, 30*time.Second, "relay streaming", func() bool { st := r.Status(); return st.Role == cdc.RoleActive && !st.CatchingUp })
+
+			// A connection of its own: a pooled one would carry the
+			// setting into the cleanup's statements.
+			conn, err := pgx.Connect(ctx, h.s.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if _, err := conn.Exec(ctx, `SET synchronous_commit = on`); err != nil {
+				t.Fatal(err)
+			}
+			var committed []ferry.Event
+			for i := range 3 {
+				tx, err := conn.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				evs, err := h.w.InsertTx(ctx, tx, event(fmt.Sprintf("o-%d", i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Commit(ctx); err != nil { // returns once the relay confirmed it
+					t.Fatal(err)
+				}
+				committed = append(committed, evs...)
+			}
+			got := k.read(30*time.Second, allDelivered(committed))
+			if v := judge(committed, got); v.lost != 0 {
+				t.Fatalf("lost %d events at the broker", v.lost)
+			}
+			var bad []string
+			deadline := time.Now().Add(map[bool]time.Duration{true: 30 * time.Second, false: 2 * time.Second}[tc.wantAgree])
+			for {
+				bad = disagreements(committed, h.rowStates(ctx, h.s.Pool), k.read(time.Second, allDelivered(committed)))
+				if len(bad) == 0 || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			st := r.Status()
+			t.Logf("%s: %d committed, %d disagreements, %d reconciled", tc.name, len(committed), len(bad), st.Reconciled)
+			if tc.wantAgree && len(bad) > 0 {
+				t.Errorf("table disagrees with the broker: %s", strings.Join(bad, "; "))
+			}
+			if tc.wantAgree && st.Reconciled == 0 {
+				t.Errorf("Status.Reconciled = 0: the rows were not repaired by the reconciler")
+			}
+			if !tc.wantAgree && len(bad) != len(committed) {
+				t.Errorf("old relay: %d of %d rows disagree, want all (every row was marked before it was visible)", len(bad), len(committed))
+			}
+		})
+	}
+}
