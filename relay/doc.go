@@ -35,9 +35,12 @@
 // duplicate, never a loss or an overwrite. TestFenceNegativeControl shows
 // the overwrite that happens without the fence.
 //
-// A relay configured with another N than the unsent rows carry refuses to
-// start ([ErrShardCountMismatch], naming both numbers): changing N needs a
-// drain, like repartitioning Kafka.
+// A relay configured with another N than the rows it could still publish
+// carry — pending rows and dead letters that are not discarded — refuses to
+// start ([ErrShardCountMismatch], naming both numbers, how many rows of
+// each kind, and the commands that clear them): changing N needs a drain,
+// like repartitioning Kafka. Sent rows and discarded dead letters do not
+// count.
 //
 // # Claiming
 //

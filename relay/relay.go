@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,20 +39,35 @@ var (
 	ErrRunning = errors.New("relay: already running")
 )
 
-// ShardCountError names both shard counts. Changing N needs a drain
-// (every row sent) first, like repartitioning Kafka.
+// ShardCountError names both shard counts. Changing N needs a drain first,
+// like repartitioning Kafka: every row a relay could still publish under
+// the old N — pending rows, and dead letters that are not discarded (`ferry
+// dlq retry` makes them pending again) — must be sent or discarded. Sent
+// rows and discarded dead letters do not count.
 type ShardCountError struct {
 	Configured int   // the relay's N
 	Found      int   // the N unsent rows (or a live relay) carry
-	Rows       int64 // how many unsent rows carry Found (0: a live relay does)
+	Rows       int64 // Pending + Dead (0: a live relay uses Found)
+	Pending    int64 // pending rows written with Found
+	Dead       int64 // dead letters written with Found and not discarded
 }
 
 func (e *ShardCountError) Error() string {
 	if e.Rows == 0 {
 		return fmt.Sprintf("relay: shard count mismatch: this relay is configured with %d shards but a live relay uses %d", e.Configured, e.Found)
 	}
-	return fmt.Sprintf("relay: shard count mismatch: this relay is configured with %d shards but %d unsent outbox rows were written with %d; drain them with the old count first",
-		e.Configured, e.Rows, e.Found)
+	msg := fmt.Sprintf("relay: shard count mismatch: this relay is configured with %d shards but %d outbox rows a relay can still publish were written with %d (%d pending, %d dead letters not discarded); "+
+		"before changing the shard count", e.Configured, e.Rows, e.Found, e.Pending, e.Dead)
+	var steps []string
+	if e.Pending > 0 {
+		steps = append(steps, fmt.Sprintf("run the relay with the old count (`ferry relay --shards %d`, writers still on %d) until the %d pending rows are sent (`ferry status` shows pending 0)",
+			e.Found, e.Found, e.Pending))
+	}
+	if e.Dead > 0 {
+		steps = append(steps, fmt.Sprintf("resolve the %d dead letters (`ferry dlq list`): `ferry dlq discard --approve --reason \"…\"` them, or `ferry dlq retry --approve --reason \"…\"` them while a relay with --shards %d runs",
+			e.Dead, e.Found))
+	}
+	return msg + " " + strings.Join(steps, ", and ") + "; sent rows and discarded dead letters do not count"
 }
 
 // Is reports ErrShardCountMismatch.
@@ -337,9 +353,9 @@ func (r *Relay) start(ctx context.Context) error {
 		return fmt.Errorf("relay: check shard count (did `ferry migrate up` run?): %w", err)
 	}
 	var found int
-	var n int64
+	var pending, dead int64
 	if rows.Next() {
-		err = rows.Scan(&found, &n)
+		err = rows.Scan(&found, &pending, &dead)
 	}
 	if err == nil {
 		err = rows.Err()
@@ -348,8 +364,8 @@ func (r *Relay) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: check shard count: %w", err)
 	}
-	if n > 0 {
-		return &ShardCountError{Configured: r.cfg.shards, Found: found, Rows: n}
+	if pending+dead > 0 {
+		return &ShardCountError{Configured: r.cfg.shards, Found: found, Rows: pending + dead, Pending: pending, Dead: dead}
 	}
 	rows, err = exec.Query(ctx, r.q.otherShardCount, r.cfg.shards, r.cfg.instance)
 	if err != nil {

@@ -102,8 +102,16 @@ WHERE table_name = '%s' AND column_name = 'discarded_at' AND table_schema = %s`,
 	if d == driver.SQLite {
 		q.hasDiscarded = fmt.Sprintf(`SELECT count(*) FROM pragma_table_info('%s') WHERE name = 'discarded_at'`, t.Bare("outbox"))
 	}
-	q.checkShards = fmt.Sprintf(`SELECT shard_count, count(*) FROM %s WHERE status <> 'sent' AND shard_count <> $1
-GROUP BY shard_count ORDER BY 2 DESC LIMIT 1`, outbox)
+	// Rows a relay could still publish under another N: pending ones and
+	// dead letters an operator may retry; a discarded dead letter is gone
+	// for good (ops' migration 0005 adds discarded_at).
+	publishable := ""
+	if o.discarded {
+		publishable = " AND NOT (status = 'dead' AND discarded_at IS NOT NULL)"
+	}
+	q.checkShards = fmt.Sprintf(`SELECT shard_count, SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END), SUM(CASE WHEN status = 'dead' THEN 1 ELSE 0 END)
+FROM %s WHERE status <> 'sent' AND shard_count <> $1%s
+GROUP BY shard_count ORDER BY count(*) DESC LIMIT 1`, outbox, publishable)
 	q.ensureLeases = fmt.Sprintf(`WITH RECURSIVE s(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM s WHERE n + 1 < CAST($1 AS INTEGER))
 INSERT INTO %s (shard) SELECT n FROM s WHERE true ON CONFLICT (shard) DO NOTHING`, leases)
 	q.heartbeat = fmt.Sprintf(`INSERT INTO %s (instance_id, shard_count, heartbeat_at, expires_at, breaker) VALUES ($1, $2, %s, %s, $4)
