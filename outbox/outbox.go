@@ -182,13 +182,21 @@ func (w *Writer[TTx]) Insert(ctx context.Context, events ...ferry.Event) ([]ferr
 //   - ferry.ErrSequenceConflict: nothing was written; tx is usable, on every
 //     driver.
 //   - Any other error (ferry.ErrDuplicateEventID for an ID already in the
-//     outbox, a cancelled context, a database error): on SQLite the call
-//     runs under a savepoint that is rolled back, so tx is usable and holds
-//     exactly what it held before the call; the call's statements are not
-//     interrupted mid-way, the context is checked between them. On Postgres
-//     the failed statement aborts tx (a cancelled context may also close
-//     its connection): it can only be rolled back, its Commit fails, and
-//     nothing of tx is kept.
+//     outbox, a cancelled ctx, a database error):
+//     On SQLite the call runs under a savepoint that is rolled back, so tx
+//     is usable and holds exactly what it held before the call. The call's
+//     statements are not interrupted mid-way (SQLite would roll back all of
+//     tx); ctx is checked between them. If the rollback itself fails, the
+//     error says to roll tx back.
+//     On Postgres the failed statement aborts tx (a cancelled ctx may also
+//     close its connection): it can only be rolled back, its Commit fails,
+//     and nothing of tx is kept. The exception is a call with
+//     caller-supplied versions on several aggregates: it runs under a
+//     savepoint, rolled back on error, so tx stays usable unless its
+//     connection was lost.
+//
+// With database/sql, a tx begun with BeginTx(ctx) is rolled back by
+// database/sql itself when that ctx is cancelled, on every database.
 func (w *Writer[TTx]) InsertTx(ctx context.Context, tx TTx, events ...ferry.Event) ([]ferry.Event, error) {
 	return w.insertExec(ctx, w.drv.UnwrapExecutor(tx), events)
 }

@@ -37,7 +37,7 @@ func TestSQLiteCancelAtAnyPointLeavesNoTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n, rounds = 2000, 40
+	const n, rounds = 500, 60
 	count := func(q string) int64 {
 		var v int64
 		if err := db.QueryRowContext(ctx, q).Scan(&v); err != nil {

@@ -28,8 +28,16 @@ type Figures struct {
 	Published      int `json:"published"`
 	StreamMessages int `json:"stream_messages"`
 
-	// Lost: committed, meant to be applied, never applied nor parked.
+	// Lost: committed, meant to be applied, never applied nor parked, and
+	// nothing can still deliver it: the broker never got it or no longer
+	// holds it, or the consumer acknowledged it without applying it.
 	Lost int `json:"lost"`
+	// Undelivered: committed, not applied nor parked when the settle budget
+	// (WithDuration) ran out, but still held by the broker for the consumer
+	// (not yet acknowledged) or unsent in the outbox with a relay that will
+	// send it: a pipeline too slow for the budget, not a loss. A violation
+	// of its own.
+	Undelivered int `json:"undelivered"`
 	// Phantom: in the stream or applied, but its transaction rolled back
 	// (or never happened).
 	Phantom int `json:"phantom"`
@@ -90,7 +98,8 @@ type Figures struct {
 	Leaks int `json:"leaks"`
 
 	// Classes counts events per Jepsen-style class: ok, recovered (ok
-	// after a fault touched it), duplicated, lost, unknown (held, not
+	// after a fault touched it), duplicated, lost, undelivered (still held
+	// by the broker or the relay when the budget ran out), unknown (held, not
 	// applied, for no planned reason) and unexpected (applied though it
 	// must not be: rolled back, unauthorised, wrong schema, poison).
 	Classes map[string]int `json:"classes"`
@@ -136,6 +145,12 @@ type truth struct {
 	deadRows int
 	stream   []streamMsg
 	effects  []ledgerEffect // package effect's ledger (real inbox only)
+
+	// What can still arrive (settle.go): outbox rows still pending, whether
+	// a relay will still send them, and what the broker holds unacked.
+	unsent     map[string]bool
+	unsentOwed bool
+	owed       owedSet
 }
 
 type outboxTruth struct {
@@ -146,7 +161,7 @@ type outboxTruth struct {
 
 func collect(ctx context.Context, e *env) (*truth, error) {
 	ex := e.db.drv.Executor()
-	t := &truth{business: map[string]bool{}, outbox: map[string]outboxTruth{}}
+	t := &truth{business: map[string]bool{}, outbox: map[string]outboxTruth{}, unsent: map[string]bool{}}
 	if err := scanRows(ctx, ex, `SELECT event_id FROM prove_business`, func(s func(...any) error) error {
 		var id string
 		if err := s(&id); err != nil {
@@ -164,6 +179,9 @@ func collect(ctx context.Context, e *env) (*truth, error) {
 			return err
 		}
 		t.outbox[id] = o
+		if status == "pending" {
+			t.unsent[id] = true
+		}
 		if status == "dead" {
 			t.deadRows++
 		}
@@ -223,6 +241,12 @@ func collect(ctx context.Context, e *env) (*truth, error) {
 	}
 	var err error
 	if t.stream, err = e.tr.readAll(ctx); err != nil {
+		return nil, err
+	}
+	if t.owed, err = e.tr.owed(ctx, "prove", t.stream); err != nil {
+		return nil, err
+	}
+	if t.unsentOwed, err = e.unsentOwed(ctx); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -387,6 +411,11 @@ func check(e *env, t *truth) (Figures, []string) {
 			f.Classes["unknown"]++
 			eventViol("event %s held as %s, never applied", id, p.reason)
 		default:
+			if t.stillOwed(id) {
+				f.Classes["undelivered"]++
+				f.Undelivered++
+				continue
+			}
 			f.Classes["lost"]++
 			f.Lost++
 		}
@@ -452,6 +481,9 @@ func check(e *env, t *truth) (Figures, []string) {
 
 	if f.Lost > 0 {
 		viol("%d committed events lost", f.Lost)
+	}
+	if f.Undelivered > 0 {
+		viol("%d committed events undelivered when the settle budget (%s) ran out: the broker still holds them for the consumer, or the relay has not sent them yet — not lost, but the pipeline did not deliver them in time (raise --duration if it is merely slow)", f.Undelivered, e.cfg.duration)
 	}
 	if f.Phantom > 0 {
 		viol("%d phantom events (published or applied without a committed transaction)", f.Phantom)

@@ -47,6 +47,7 @@ type env struct {
 	relayDB      *databasesql.Driver // the relays' database when it differs (database-outage)
 	stopping     bool                // a subprocess relay freezes itself (concurrent-relays)
 	stoppedRelay atomic.Bool         // the frozen subprocess relay reported back
+	settleWAL    string              // CDC scenarios: pg_current_wal_lsn() when settling began
 
 	// pubVia is the host:port relays connect through (the fault proxy of
 	// the outage scenario), or "" for direct.

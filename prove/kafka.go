@@ -2,16 +2,20 @@ package prove
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/kafka"
+	"github.com/ferryhq/ferry/internal/faultproxy"
 )
 
 // kafkaTransport is one scenario's topic on a Kafka cluster (real, or
@@ -21,6 +25,12 @@ import (
 type kafkaTransport struct {
 	seeds []string
 	topic string
+	// dynamic: consume as a dynamic group member (no instance id), the
+	// slow handover after a crash (tests of the settle logic).
+	dynamic bool
+	// proxied: the brokers sit behind prove's fault proxy (kfake), so the
+	// outage scenario can run.
+	proxied bool
 }
 
 var _ transport = (*kafkaTransport)(nil)
@@ -32,13 +42,55 @@ func splitSeeds(s string) []string {
 	return strings.Split(s, ",")
 }
 
-func startKfake() (*kfake.Cluster, error) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(kafkaPartitions))
-	if err != nil {
-		return nil, fmt.Errorf("prove: kfake: %w", err)
+// startKfake starts an in-process kfake cluster of one broker behind a
+// fault proxy: the broker listens on a loopback port of its own but
+// advertises the proxy's address (kfake advertises its listener's
+// address, and prove supplies that listener), so every client — seed
+// connection and metadata-learned broker connection alike — goes through
+// the proxy, and the outage scenario can black-hole and reset the broker
+// for everyone. The proxy passes traffic through otherwise.
+func startKfake() (*kfake.Cluster, *faultproxy.Proxy, error) {
+	var proxy *faultproxy.Proxy
+	listen := func(network, address string) (net.Listener, error) {
+		if proxy != nil {
+			return nil, errors.New("prove: kfake: one broker only")
+		}
+		ln, err := net.Listen(network, address)
+		if err != nil {
+			return nil, err
+		}
+		p, err := faultproxy.New(ln.Addr().String())
+		if err != nil {
+			_ = ln.Close()
+			return nil, err
+		}
+		addr, err := net.ResolveTCPAddr("tcp", p.Addr())
+		if err != nil {
+			_ = p.Close()
+			_ = ln.Close()
+			return nil, err
+		}
+		proxy = p
+		return advertisedListener{Listener: ln, addr: addr}, nil
 	}
-	return c, nil
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(kafkaPartitions), kfake.ListenFn(listen))
+	if err != nil {
+		if proxy != nil {
+			_ = proxy.Close()
+		}
+		return nil, nil, fmt.Errorf("prove: kfake: %w", err)
+	}
+	return c, proxy, nil
 }
+
+// advertisedListener accepts on its own address and reports addr (the
+// fault proxy in front of it), which kfake advertises in metadata.
+type advertisedListener struct {
+	net.Listener
+	addr net.Addr
+}
+
+func (l advertisedListener) Addr() net.Addr { return l.addr }
 
 func newKafkaTransport(ctx context.Context, seeds []string, scenario string) (*kafkaTransport, error) {
 	t := &kafkaTransport{seeds: seeds, topic: "prove-" + scenario + "-" + randHex(4)}
@@ -69,9 +121,19 @@ func (t *kafkaTransport) publisher(context.Context, string) (broker.Publisher, e
 	return p, nil
 }
 
+// consumer: a static group member (one instance id per group: prove runs
+// one consumer of a group at a time, and a restarted one — after a crash or
+// a SIGKILL — takes the dead one's partitions back at once instead of
+// waiting for its session to expire), with kfake's shortest session.
 func (t *kafkaTransport) consumer(_ context.Context, group string) (broker.Consumer, error) {
-	c, err := kafka.NewConsumer(t.seeds, t.topic+"-"+group, []string{t.topic}, kafka.WithCommitInterval(50*time.Millisecond),
-		kafka.WithKgoOpts(kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond), kgo.FetchMaxWait(100*time.Millisecond)))
+	name := t.topic + "-" + group
+	opts := []kafka.Option{kafka.WithCommitInterval(50 * time.Millisecond),
+		kafka.WithSessionTimeout(6 * time.Second), kafka.WithHeartbeatInterval(500 * time.Millisecond),
+		kafka.WithRebalanceTimeout(10 * time.Second), kafka.WithKgoOpts(kgo.FetchMaxWait(100 * time.Millisecond))}
+	if !t.dynamic {
+		opts = append(opts, kafka.WithInstanceID(name+"-0"))
+	}
+	c, err := kafka.NewConsumer(t.seeds, name, []string{t.topic}, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("prove: kafka consumer: %w", err)
 	}
@@ -125,7 +187,7 @@ func (t *kafkaTransport) readAll(ctx context.Context) ([]streamMsg, error) {
 			for _, kv := range r.Headers {
 				h[kv.Key] = string(kv.Value)
 			}
-			out = append(out, streamMsg{EventID: h["ce_id"], Headers: h, Body: r.Value, key: string(r.Key)})
+			out = append(out, streamMsg{EventID: h["ce_id"], Headers: h, Body: r.Value, key: string(r.Key), partition: r.Partition, offset: r.Offset})
 		})
 	}
 	return out, nil
@@ -176,17 +238,48 @@ func (t *kafkaTransport) drained(ctx context.Context, group string) (bool, error
 	return true, nil
 }
 
+// owed: the records at or after the group's committed offset of their
+// partition (the consumer commits only the prefix it acked, so these are
+// what a consumer of the group will be handed, again or for the first
+// time); every record of a partition the group never committed.
+func (t *kafkaTransport) owed(ctx context.Context, group string, msgs []streamMsg) (owedSet, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(t.seeds...))
+	if err != nil {
+		return owedSet{}, fmt.Errorf("prove: kafka admin: %w", err)
+	}
+	defer cl.Close()
+	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, t.topic+"-"+group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		err = nil // the group never joined: nothing committed, everything owed
+	}
+	if err != nil {
+		return owedSet{}, fmt.Errorf("prove: kafka committed offsets: %w", err)
+	}
+	ids := map[string]bool{}
+	for _, m := range msgs {
+		at := int64(0)
+		if o, ok := offs.Lookup(t.topic, m.partition); ok && o.Err == nil && o.At > 0 {
+			at = o.At
+		}
+		if m.EventID != "" && m.offset >= at {
+			ids[m.EventID] = true
+		}
+	}
+	return owedSet{ids: ids}, nil
+}
+
 // endpoint: Kafka clients learn broker addresses from metadata, so a
-// single proxy cannot stand in front of the cluster.
+// single proxy cannot stand in front of a cluster; for kfake the stack's
+// own proxy stands in front of the broker's advertised address.
 func (t *kafkaTransport) endpoint() string { return "" }
 
 func (t *kafkaTransport) job() transportJob {
-	return transportJob{Kind: "kafka", URL: strings.Join(t.seeds, ","), Topic: t.topic}
+	return transportJob{Kind: "kafka", URL: strings.Join(t.seeds, ","), Topic: t.topic, KafkaDynamic: t.dynamic}
 }
 
 func (t *kafkaTransport) unsupported(sc *scenario) string {
-	if sc.outage {
-		return "Kafka clients bypass a single TCP proxy (brokers advertise their own addresses)"
+	if sc.outage && !t.proxied {
+		return "the brokers of a real Kafka cluster advertise their own addresses, so clients bypass a TCP proxy; the outage runs on kafka://kfake, where prove's proxy is the advertised address"
 	}
 	return ""
 }

@@ -140,6 +140,10 @@ type streamMsg struct {
 	Headers map[string]string
 	Body    []byte
 	key     string // Kafka record key / AMQP routing key
+	// Where the broker stored it: the Kafka partition and offset, or the
+	// JetStream stream sequence (offset). RabbitMQ keeps neither.
+	partition int32
+	offset    int64
 }
 
 // readAll reads every stored message of the stream, from the broker, by
@@ -173,7 +177,7 @@ func (s *natsStream) readAll(ctx context.Context) ([]streamMsg, error) {
 				h[k] = v[0]
 			}
 		}
-		out = append(out, streamMsg{EventID: m.Header.Get("ce-id"), Time: m.Time, Headers: h, Body: m.Data})
+		out = append(out, streamMsg{EventID: m.Header.Get("ce-id"), Time: m.Time, Headers: h, Body: m.Data, offset: int64(seq)})
 	}
 	return out, nil
 }
@@ -211,6 +215,34 @@ func (s *natsStream) createReplayConsumer(ctx context.Context, durable string) e
 		return fmt.Errorf("prove: replay consumer: %w", err)
 	}
 	return nil
+}
+
+// owed: the messages above durable's ack floor. Some of them may have been
+// acked individually (the floor is the end of the contiguous acked
+// prefix), so this can only overstate what is still owed, never hide a
+// message the consumer skipped for good: once everything is acked the
+// floor is the last sequence.
+func (s *natsStream) owed(ctx context.Context, durable string, msgs []streamMsg) (owedSet, error) {
+	nc, js, err := natsConnect(s.url, "ferry-prove-checker")
+	if err != nil {
+		return owedSet{}, err
+	}
+	defer nc.Close()
+	c, err := js.Consumer(ctx, s.name, durable)
+	if err != nil {
+		return owedSet{}, fmt.Errorf("prove: consumer %s: %w", durable, err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return owedSet{}, fmt.Errorf("prove: consumer info: %w", err)
+	}
+	ids := map[string]bool{}
+	for _, m := range msgs {
+		if m.EventID != "" && uint64(m.offset) > info.AckFloor.Stream {
+			ids[m.EventID] = true
+		}
+	}
+	return owedSet{ids: ids}, nil
 }
 
 // drained reports whether durable has nothing pending or unacked.

@@ -50,6 +50,14 @@ type config struct {
 	referenceRelay bool // prove's own relay instead of package relay
 	referenceInbox bool // prove's own inbox instead of package inbox
 
+	// Tests of the settle logic: a consumer that is slow but correct must
+	// not be reported as losing anything. consumerDelay: every start of
+	// the consumer (in-process or subprocess) waits this long before it
+	// consumes. kafkaDynamic: the Kafka consumer joins without an instance
+	// id, so a restarted one waits for the dead member's session.
+	consumerDelay time.Duration
+	kafkaDynamic  bool
+
 	// broken switches a safety mechanism off in every scenario (tests:
 	// a deliberately broken build must be caught by the scenario meant
 	// to catch it). "mark-before-ack" or "no-ledger".
@@ -123,6 +131,14 @@ func WithReferenceInbox() Option { return func(c *config) { c.referenceInbox = t
 // withBrokenBuild removes one safety mechanism from every scenario's
 // pipeline; unexported because only prove's own tests need it.
 func withBrokenBuild(kind string) Option { return func(c *config) { c.broken = kind } }
+
+// withSlowConsumer makes every start of the consumer wait d before it
+// consumes (tests only).
+func withSlowConsumer(d time.Duration) Option { return func(c *config) { c.consumerDelay = d } }
+
+// withKafkaDynamicMembership runs the Kafka consumer without an instance
+// id (tests only).
+func withKafkaDynamicMembership() Option { return func(c *config) { c.kafkaDynamic = true } }
 
 // WithWorkerCommand is the argv that starts this program as a prove worker
 // subprocess (for `ferry`: the executable plus "prove", "worker"). Without

@@ -146,6 +146,22 @@ func (t *rabbitTransport) replay(context.Context, string) error {
 
 func (t *rabbitTransport) drained(context.Context, string) (bool, error) { return false, nil }
 
+// owed: a queue says how many messages are ready, not which; unacked
+// ones held by a live consumer are not counted (a dead consumer's return
+// to ready).
+func (t *rabbitTransport) owed(context.Context, string, []streamMsg) (owedSet, error) {
+	var n int
+	err := t.withChannel(func(ch *amqp.Channel) error {
+		q, err := ch.QueueDeclarePassive(t.name, true, false, false, false, nil)
+		n = q.Messages
+		return err
+	})
+	if err != nil {
+		return owedSet{}, fmt.Errorf("prove: rabbitmq queue depth: %w", err)
+	}
+	return owedSet{count: n}, nil
+}
+
 func (t *rabbitTransport) endpoint() string {
 	u, err := url.Parse(t.url)
 	if err != nil {

@@ -310,7 +310,14 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		}
 	}
 	var proxy *faultproxy.Proxy
-	if sc.outage {
+	switch {
+	case sc.outage && st.kproxy != nil:
+		// kfake: the stack's proxy already stands in front of the broker's
+		// advertised address; the outage takes the broker away from every
+		// client (relay, consumer, readers), not only the relay.
+		proxy = st.kproxy
+		defer proxy.Set(faultproxy.Pass)
+	case sc.outage:
 		if proxy, err = faultproxy.New(tr.endpoint()); err != nil {
 			return Figures{}, nil, "", nil, err
 		}
@@ -394,11 +401,15 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	startConsumer := func() {
 		if e.realInbox {
 			supervise(runCtx, &wg, e.log, "inbox", func(ctx context.Context) error {
+				sleepCtx(ctx, cfg.consumerDelay)
 				return e.runRealInbox(ctx, "prove", inbox.inlineEffect, sc.cleanup != "")
 			})
 			return
 		}
-		supervise(runCtx, &wg, e.log, "inbox", inbox.run)
+		supervise(runCtx, &wg, e.log, "inbox", func(ctx context.Context) error {
+			sleepCtx(ctx, cfg.consumerDelay)
+			return inbox.run(ctx)
+		})
 	}
 	if !sc.revokeBeforeConsume && !sc.sigkillInbox {
 		startConsumer()
@@ -537,67 +548,6 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-time.After(d):
 	}
-}
-
-// settle waits until the pipeline is done — every committed event applied
-// or parked, every ledger row settled — or stops moving for a while (a
-// broken pipeline never finishes), or the duration runs out.
-func settle(ctx context.Context, e *env, cfg *config) {
-	deadline := time.Now().Add(cfg.duration)
-	stall := max(1500*time.Millisecond, 2*cfg.ackWait)
-	var lastState string
-	lastChange := time.Now()
-	for ctx.Err() == nil && time.Now().Before(deadline) {
-		state, done, err := progressState(ctx, e)
-		if err != nil {
-			e.rec.err(err)
-		}
-		e.prog.update("settling: %s", state)
-		if done {
-			// Let in-flight acks land so the stream's state is final.
-			sleepCtx(ctx, 100*time.Millisecond)
-			return
-		}
-		if state != lastState {
-			lastState, lastChange = state, time.Now()
-		} else if time.Since(lastChange) > stall {
-			return
-		}
-		sleepCtx(ctx, 50*time.Millisecond)
-	}
-}
-
-func progressState(ctx context.Context, e *env) (string, bool, error) {
-	ex := e.db.drv.Executor()
-	var committed, handled, ledgerOpen, pending int64
-	q := func(sql string, dst *int64) error {
-		rows, err := ex.Query(ctx, sql)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		if rows.Next() {
-			return rows.Scan(dst)
-		}
-		return rows.Err()
-	}
-	if err := q(`SELECT COUNT(*) FROM prove_business`, &committed); err != nil {
-		return "", false, err
-	}
-	if err := q(`SELECT COUNT(*) FROM prove_business b WHERE EXISTS (SELECT 1 FROM prove_applied a WHERE a.event_id = b.event_id)
- OR `+e.openParkedSQL(), &handled); err != nil {
-		return "", false, err
-	}
-	if err := q(e.openEffectsSQL(), &ledgerOpen); err != nil {
-		return "", false, err
-	}
-	// Unsent outbox rows mean a relay still owes a (re)publish: a crash
-	// after publish leaves rows the consumer already applied.
-	if err := q(`SELECT COUNT(*) FROM ferry_outbox WHERE status = 'pending'`, &pending); err != nil {
-		return "", false, err
-	}
-	state := fmt.Sprintf("%d/%d committed events handled, %d unsent, %d effects open, %d faults fired", handled, committed, pending, ledgerOpen, e.faults.Load())
-	return state, handled == committed && ledgerOpen == 0 && pending == 0, nil
 }
 
 // waitPublished waits until the stream holds every committed event.

@@ -31,7 +31,8 @@ type stack struct {
 	natsURL  string
 	embedded *natsjs.Embedded
 	kfake    *kfake.Cluster
-	kafka    []string // seed brokers
+	kproxy   *faultproxy.Proxy // in front of kfake's broker (startKfake)
+	kafka    []string          // seed brokers
 	amqpURL  string
 	broker   string // "nats", or the scheme of an unsupported broker
 	tmp      string
@@ -55,12 +56,12 @@ func openStack(ctx context.Context, cfg *config) (*stack, error) {
 	case strings.HasPrefix(cfg.brokerURL, "nats://"):
 		st.natsURL = cfg.brokerURL
 	case cfg.brokerURL == "kafka://kfake":
-		c, err := startKfake()
+		c, p, err := startKfake()
 		if err != nil {
 			st.close()
 			return nil, err
 		}
-		st.kfake, st.kafka, st.broker = c, c.ListenAddrs(), "kafka"
+		st.kfake, st.kproxy, st.kafka, st.broker = c, p, c.ListenAddrs(), "kafka"
 	case strings.HasPrefix(cfg.brokerURL, "kafka://"):
 		st.kafka, st.broker = splitSeeds(cfg.brokerURL), "kafka"
 	default:
@@ -103,6 +104,9 @@ func (st *stack) close() {
 	}
 	if st.kfake != nil {
 		st.kfake.Close()
+	}
+	if st.kproxy != nil {
+		_ = st.kproxy.Close()
 	}
 	if st.tmp != "" {
 		_ = os.RemoveAll(st.tmp)
@@ -182,7 +186,11 @@ func (d *database) writer(topics ferry.TopicTemplate) (*outbox.Writer[*sql.Tx], 
 func (st *stack) newTransport(ctx context.Context, scenario string, cfg *config) (transport, error) {
 	switch st.broker {
 	case "kafka":
-		return newKafkaTransport(ctx, st.kafka, scenario)
+		t, err := newKafkaTransport(ctx, st.kafka, scenario)
+		if t != nil {
+			t.dynamic, t.proxied = cfg.kafkaDynamic, st.kproxy != nil
+		}
+		return t, err
 	case "rabbitmq":
 		return newRabbitTransport(ctx, st.amqpURL, scenario)
 	}
@@ -197,7 +205,7 @@ func (st *stack) newTransport(ctx context.Context, scenario string, cfg *config)
 func (st *stack) unsupported(sc *scenario) string {
 	switch st.broker {
 	case "kafka":
-		return (&kafkaTransport{}).unsupported(sc)
+		return (&kafkaTransport{proxied: st.kproxy != nil}).unsupported(sc)
 	case "rabbitmq":
 		return (&rabbitTransport{}).unsupported(sc)
 	}

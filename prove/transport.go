@@ -30,6 +30,10 @@ type transport interface {
 	// whether group has consumed and acked all of it.
 	replay(ctx context.Context, group string) error
 	drained(ctx context.Context, group string) (bool, error)
+	// owed says which of msgs (from readAll) the broker still holds for
+	// group — not yet acknowledged by its consumer, so they will be
+	// delivered (again) — or, where it cannot name them, how many.
+	owed(ctx context.Context, group string, msgs []streamMsg) (owedSet, error)
 	// endpoint is the single host:port clients dial, or "" when clients
 	// learn other addresses from the broker (no proxy possible).
 	endpoint() string
@@ -51,12 +55,14 @@ type transportJob struct {
 	Topic string `json:"topic,omitempty"`
 	// AckWait is the NATS consumer's redelivery delay.
 	AckWait time.Duration `json:"ack_wait,omitempty"`
+	// KafkaDynamic: the Kafka consumer joins without an instance id.
+	KafkaDynamic bool `json:"kafka_dynamic,omitempty"`
 }
 
 func transportFromJob(j transportJob) transport {
 	switch j.Kind {
 	case "kafka":
-		return &kafkaTransport{seeds: splitSeeds(j.URL), topic: j.Topic}
+		return &kafkaTransport{seeds: splitSeeds(j.URL), topic: j.Topic, dynamic: j.KafkaDynamic}
 	case "rabbitmq":
 		return &rabbitTransport{url: j.URL, name: j.Name, topic: j.Topic}
 	default:

@@ -44,6 +44,9 @@ type workerJob struct {
 	// Broken: a safety mechanism switched off in the worker (tests of the
 	// checker; see withBrokenBuild).
 	Broken string `json:"broken,omitempty"`
+	// StartDelay: the inbox waits this long before consuming (tests of the
+	// settle logic; see withSlowConsumer).
+	StartDelay time.Duration `json:"start_delay,omitempty"`
 }
 
 // workerReport is what a worker prints on stdout when it ends by SIGTERM.
@@ -98,6 +101,7 @@ func RunWorker(ctx context.Context) error {
 	if job.Role == "inbox" {
 		// package inbox as the consumer; the effect intents it records are
 		// executed by the parent's effect worker.
+		sleepCtx(ctx, job.StartDelay)
 		return e.runRealInbox(ctx, "prove", false, false)
 	}
 	if job.Reference {
@@ -127,7 +131,7 @@ const sigkillKills = 6
 func startSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, role string, killsDone chan<- struct{}) {
 	s1, s2 := seedFor(e.cfg.seed, e.sc.name+"/sigkill")
 	rng := rand.New(rand.NewPCG(s1, s2))
-	job, _ := json.Marshal(workerJob{Role: role, DatabaseURL: e.db.url, Transport: e.tr.job(), Reference: e.cfg.referenceRelay})
+	job, _ := json.Marshal(workerJob{Role: role, DatabaseURL: e.db.url, Transport: e.tr.job(), Reference: e.cfg.referenceRelay, StartDelay: e.cfg.consumerDelay})
 	argv := e.cfg.worker
 	wg.Add(1)
 	go func() {

@@ -1,0 +1,202 @@
+package prove
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ferryhq/ferry/driver"
+)
+
+// owedSet is what the broker still holds for the consumer: messages it
+// will deliver (again) because the consumer has not acknowledged them.
+// Kafka and JetStream name them (ids); a RabbitMQ queue only says how many
+// messages are ready (count), not which.
+type owedSet struct {
+	ids   map[string]bool
+	count int
+}
+
+// settle waits until every committed event is accounted for — applied or
+// parked, every ledger row settled, every outbox row sent — or the
+// scenario's budget (cfg.duration) is spent. When the pipeline stops
+// moving it asks the broker whether anything can still arrive: only when
+// no event that is missing is still held for the consumer (nor owed by a
+// relay) does it stop early, because then the missing events are lost and
+// waiting changes nothing. A consumer that is merely slow — a restarted
+// Kafka member waiting for the dead one's session to expire, a JetStream
+// ack wait — is waited for until the budget runs out, and what it still
+// had not received by then is reported as undelivered, not lost.
+func settle(ctx context.Context, e *env, cfg *config) {
+	deadline := time.Now().Add(cfg.duration)
+	stall := max(1500*time.Millisecond, 2*cfg.ackWait)
+	if e.sc.cdc {
+		e.settleWAL = currentWAL(ctx, e)
+	}
+	var lastState string
+	lastChange := time.Now()
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		state, done, err := progressState(ctx, e)
+		if err != nil {
+			e.rec.err(err)
+		}
+		e.prog.update("settling: %s", state)
+		if done {
+			// Let in-flight acks land so the stream's state is final.
+			sleepCtx(ctx, 100*time.Millisecond)
+			return
+		}
+		if state != lastState {
+			lastState, lastChange = state, time.Now()
+		} else if time.Since(lastChange) > stall {
+			owed, err := stillOwed(ctx, e)
+			if err != nil {
+				e.rec.err(err)
+			} else if owed == 0 {
+				return // nothing missing can still arrive
+			}
+			e.prog.update("settling: %s; %d still held by the broker or the relay", state, owed)
+			lastChange = time.Now() // ask again after another stall period
+		}
+		sleepCtx(ctx, 50*time.Millisecond)
+	}
+}
+
+func progressState(ctx context.Context, e *env) (string, bool, error) {
+	ex := e.db.drv.Executor()
+	var committed, handled, ledgerOpen, pending int64
+	if err := countInto(ctx, ex, `SELECT COUNT(*) FROM prove_business`, &committed); err != nil {
+		return "", false, err
+	}
+	if err := countInto(ctx, ex, `SELECT COUNT(*) FROM prove_business b WHERE EXISTS (SELECT 1 FROM prove_applied a WHERE a.event_id = b.event_id)
+ OR `+e.openParkedSQL(), &handled); err != nil {
+		return "", false, err
+	}
+	if err := countInto(ctx, ex, e.openEffectsSQL(), &ledgerOpen); err != nil {
+		return "", false, err
+	}
+	// Unsent outbox rows mean a relay still owes a (re)publish: a crash
+	// after publish leaves rows the consumer already applied.
+	if err := countInto(ctx, ex, `SELECT COUNT(*) FROM ferry_outbox WHERE status = 'pending'`, &pending); err != nil {
+		return "", false, err
+	}
+	state := fmt.Sprintf("%d/%d committed events handled, %d unsent, %d effects open, %d faults fired", handled, committed, pending, ledgerOpen, e.faults.Load())
+	return state, handled == committed && ledgerOpen == 0 && pending == 0, nil
+}
+
+func countInto(ctx context.Context, ex driver.Executor, q string, dst *int64, args ...any) error {
+	rows, err := ex.Query(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if rows.Next() {
+		return rows.Scan(dst)
+	}
+	return rows.Err()
+}
+
+// stillOwed counts the committed events not yet handled that the pipeline
+// can still deliver: held by the broker for the consumer, or unsent in the
+// outbox while a relay will still send them.
+func stillOwed(ctx context.Context, e *env) (int, error) {
+	missing := map[string]bool{}
+	if err := scanRows(ctx, e.db.drv.Executor(), `SELECT b.event_id FROM prove_business b WHERE NOT EXISTS (SELECT 1 FROM prove_applied a WHERE a.event_id = b.event_id)
+ AND NOT `+e.openParkedSQL(), func(s func(...any) error) error {
+		var id string
+		if err := s(&id); err != nil {
+			return err
+		}
+		missing[id] = true
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	if len(missing) == 0 {
+		return 0, nil
+	}
+	unsent, err := unsentIDs(ctx, e)
+	if err != nil {
+		return 0, err
+	}
+	owedUnsent, err := e.unsentOwed(ctx)
+	if err != nil {
+		return 0, err
+	}
+	msgs, err := e.tr.readAll(ctx)
+	if err != nil {
+		return 0, err
+	}
+	owed, err := e.tr.owed(ctx, "prove", msgs)
+	if err != nil {
+		return 0, err
+	}
+	t := &truth{unsent: unsent, unsentOwed: owedUnsent, owed: owed}
+	n := 0
+	for id := range missing {
+		if t.stillOwed(id) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// stillOwed reports whether a committed event that was neither applied nor
+// parked can still arrive: the broker holds it for the consumer, or it is
+// unsent and a relay will still send it. Otherwise it is lost: the broker
+// never got it (or no longer holds it), or the consumer acknowledged it
+// without applying it. Where the broker gives only a count (RabbitMQ), the
+// first count events asked about are owed.
+func (t *truth) stillOwed(id string) bool {
+	if t.unsent[id] {
+		return t.unsentOwed
+	}
+	if t.owed.ids != nil {
+		return t.owed.ids[id]
+	}
+	if t.owed.count > 0 {
+		t.owed.count--
+		return true
+	}
+	return false
+}
+
+// unsentIDs are the outbox rows still pending.
+func unsentIDs(ctx context.Context, e *env) (map[string]bool, error) {
+	out := map[string]bool{}
+	err := scanRows(ctx, e.db.drv.Executor(), `SELECT event_id FROM ferry_outbox WHERE status = 'pending'`, func(s func(...any) error) error {
+		var id string
+		if err := s(&id); err != nil {
+			return err
+		}
+		out[id] = true
+		return nil
+	})
+	return out, err
+}
+
+// unsentOwed says whether pending outbox rows will still be sent. A polling
+// relay sends every pending row eventually. The CDC relay sends only what
+// its replication slot has not yet confirmed: once the slot confirmed past
+// the WAL position settling began at, a row still pending was skipped and
+// nothing will ever send it (the CDC control).
+func (e *env) unsentOwed(ctx context.Context) (bool, error) {
+	if !e.sc.cdc || e.settleWAL == "" {
+		return true, nil
+	}
+	caughtUp := int64(1) // no slot: nothing will send them
+	err := countInto(ctx, e.db.drv.Executor(), `SELECT CASE WHEN confirmed_flush_lsn >= CAST($1 AS pg_lsn) THEN 1 ELSE 0 END FROM pg_replication_slots WHERE slot_name = $2`,
+		&caughtUp, e.settleWAL, e.db.schema)
+	if err != nil {
+		return false, fmt.Errorf("prove: slot position: %w", err)
+	}
+	return caughtUp == 0, nil
+}
+
+func currentWAL(ctx context.Context, e *env) string {
+	s, err := queryString(ctx, e.db.drv.Executor(), `SELECT CAST(pg_current_wal_lsn() AS TEXT)`)
+	if err != nil {
+		e.rec.err(err)
+	}
+	return s
+}

@@ -1,0 +1,67 @@
+package prove
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// A checker that cannot cry wolf: a consumer that is merely slow — every
+// start (and every restart after a crash or a SIGKILL) waits longer than
+// the settle loop's stall period before it consumes — loses nothing, so
+// the scenarios must pass with nothing lost and nothing undelivered. A
+// settle loop that stops when the pipeline stops moving reported the
+// events the slow consumer had not reached yet as lost.
+func TestSlowConsumerIsNotLoss(t *testing.T) {
+	rep, err := Run(context.Background(), small(WithEvents(60), withSlowConsumer(4*time.Second),
+		WithScenarios("consumer-ack-loss", "inbox-sigkill"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertMatrix(t, rep, nil)
+	for _, r := range rep.Results {
+		if r.Figures.Lost != 0 || r.Figures.Undelivered != 0 || r.Figures.FaultsInjected == 0 {
+			t.Errorf("%s: lost %d, undelivered %d, faults %d", r.Scenario, r.Figures.Lost, r.Figures.Undelivered, r.Figures.FaultsInjected)
+		}
+	}
+}
+
+// The defect of issue 24: on Kafka, a SIGKILLed dynamic group member holds
+// its partitions (and blocks the rebalance the restarted consumer starts)
+// until its session expires, so the restarted consumer receives nothing
+// for seconds. That is slow, not lossy: inbox-sigkill must pass.
+func TestKafkaDynamicMemberIsNotLoss(t *testing.T) {
+	rep, err := Run(context.Background(), small(WithEvents(60), WithBroker("kafka://kfake"), withKafkaDynamicMembership(),
+		WithDuration(90*time.Second), WithScenarios("inbox-sigkill"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertMatrix(t, rep, nil)
+	r := rep.Results[0]
+	if r.Figures.Lost != 0 || r.Figures.Undelivered != 0 || r.Figures.FaultsInjected != sigkillKills {
+		t.Errorf("lost %d, undelivered %d, faults %d", r.Figures.Lost, r.Figures.Undelivered, r.Figures.FaultsInjected)
+	}
+}
+
+// When the budget runs out before a slow consumer got everything, what it
+// has not received is still in the broker: undelivered (a violation of its
+// own), never lost.
+func TestUndeliveredAtDeadlineIsNotLost(t *testing.T) {
+	for _, broker := range []string{"", "kafka://kfake"} {
+		opts := small(WithEvents(60), withSlowConsumer(time.Minute), WithDuration(3*time.Second), WithScenarios("producer-rollback"))
+		if broker != "" {
+			opts = append(opts, WithBroker(broker))
+		}
+		rep, err := Run(context.Background(), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rep.Results[0]
+		if r.Status != StatusFail || r.Figures.Lost != 0 || r.Figures.Undelivered != r.Figures.Committed || r.Figures.Classes["undelivered"] != r.Figures.Committed {
+			t.Errorf("%s: status %s, lost %d, undelivered %d of %d committed, violations %v, note %q", rep.Stack, r.Status, r.Figures.Lost, r.Figures.Undelivered, r.Figures.Committed, r.Violations, r.Note)
+		}
+		if r.Elapsed < 3*time.Second {
+			t.Errorf("%s: the scenario ended after %s, before its 3s budget", rep.Stack, r.Elapsed)
+		}
+	}
+}
