@@ -97,6 +97,38 @@ ON CONFLICT (name) DO UPDATE SET value_seconds = excluded.value_seconds, updated
 	return res, nil
 }
 
+// ErrWindowBelowBroker: a broker dedup window was asked for that is
+// shorter than the broker's own setting; see *BrokerWindowError.
+var ErrWindowBelowBroker = errors.New("ops: broker dedup window shorter than the broker's")
+
+// BrokerWindowError names the window asked for and the broker's actual
+// setting it undercuts.
+type BrokerWindowError struct {
+	Requested time.Duration // the broker dedup window to be stored
+	Broker    time.Duration // the broker's setting, as read from the broker
+	Source    string        // where Broker was read, e.g. `JetStream stream "FERRY" (Duplicates)`
+}
+
+func (e *BrokerWindowError) Error() string {
+	return fmt.Sprintf("ops: refusing broker dedup window %s: %s is %s; the stored window stands for the broker's and must be at least %s "+
+		"(a shorter one lets cleanup delete rows the broker's redelivery still needs)", e.Requested, e.Source, e.Broker, e.Broker)
+}
+
+// Is reports ErrWindowBelowBroker.
+func (e *BrokerWindowError) Is(target error) bool { return target == ErrWindowBelowBroker }
+
+// CheckBrokerWindow compares a window with the broker's actual dedup
+// window (source says where it was read): a *BrokerWindowError when
+// w.BrokerDedupWindow is shorter, nil otherwise. Callers read the broker's
+// setting where it exists (JetStream: the stream's Duplicates); Kafka and
+// RabbitMQ have no broker-side dedup window to compare with.
+func CheckBrokerWindow(w Window, broker time.Duration, source string) error {
+	if w.BrokerDedupWindow < broker {
+		return &BrokerWindowError{Requested: w.BrokerDedupWindow, Broker: broker, Source: source}
+	}
+	return nil
+}
+
 // Cleanup limits.
 const (
 	DefaultCleanupBatch = 500

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/ops"
 )
 
@@ -92,11 +95,22 @@ func newCleanupWindowCmd() *cobra.Command {
 	var f opsFlags
 	var af approvalFlags
 	var w ops.Window
-	var set bool
+	var set, allowBelow bool
+	var brokerURL, stream string
 	cmd := &cobra.Command{
 		Use:   "window",
 		Short: "Show the replay window cleanup enforces, or store a new one (--set, audited)",
-		Args:  cobra.NoArgs,
+		Long: `window shows the replay window cleanup enforces, or stores a new one with
+--set (a dry run without --approve; audited).
+
+The broker dedup window stands for the broker's own setting, so --set
+compares it with the broker where the broker has one: with --broker-url
+nats://… (or FERRY_BROKER_URL) it reads the JetStream stream --stream's
+duplicate window and refuses a shorter --broker-dedup-window, naming both
+(--allow-below-broker stores it anyway, with a warning). Kafka and RabbitMQ
+have no broker-side dedup window: nothing to compare, and it says so.
+Without --broker-url nothing is compared, and it says so too.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, o, err := f.open(cmd)
 			if err != nil {
@@ -114,6 +128,9 @@ func newCleanupWindowCmd() *cobra.Command {
 				}
 				fmt.Fprintf(out, "broker dedup window %s, inbox replay horizon %s: cleanup refuses retention below %s\n", cur.BrokerDedupWindow, cur.InboxReplayHorizon, cur.Min())
 				return nil
+			}
+			if err := checkBrokerWindow(cmd, w, brokerURL, stream, allowBelow); err != nil {
+				return err
 			}
 			res, err := o.SetReplayWindow(cmd.Context(), w, af.approval())
 			if err != nil {
@@ -135,5 +152,73 @@ func newCleanupWindowCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&set, "set", false, "store the window given by --broker-dedup-window and --inbox-replay-horizon")
 	cmd.Flags().DurationVar(&w.BrokerDedupWindow, "broker-dedup-window", 2*time.Minute, "the broker's dedup/redelivery window")
 	cmd.Flags().DurationVar(&w.InboxReplayHorizon, "inbox-replay-horizon", 7*24*time.Hour, "how far back events may be redelivered or replayed to consumers")
+	cmd.Flags().StringVar(&brokerURL, "broker-url", "", "--set: compare with this broker's dedup window (nats://…, embedded; kafka:// and amqp:// have none)")
+	cmd.Flags().StringVar(&stream, "stream", "FERRY", "--set with NATS: the JetStream stream whose duplicate window is compared")
+	cmd.Flags().BoolVar(&allowBelow, "allow-below-broker", false, "--set: store a broker dedup window shorter than the broker's anyway (warns)")
 	return cmd
+}
+
+// checkBrokerWindow compares --broker-dedup-window with the broker's own
+// dedup window where the broker has one, and refuses a shorter one unless
+// allowBelow (then it warns). It says on stderr when nothing was compared.
+func checkBrokerWindow(cmd *cobra.Command, w ops.Window, url, stream string, allowBelow bool) error {
+	stderr := cmd.ErrOrStderr()
+	var broker time.Duration
+	var source string
+	switch {
+	case url == "":
+		fmt.Fprintln(stderr, "note: --broker-dedup-window not compared with the broker: give --broker-url (nats://… and --stream) to check it against the stream's duplicate window")
+		return nil
+	case url == "embedded":
+		// `ferry relay --broker-url embedded` creates its stream in-process
+		// with JetStream's default; this process cannot reach that server.
+		broker = natsjs.DefaultDuplicateWindow
+		source = fmt.Sprintf("the duplicate window of stream %q on the embedded broker (`ferry relay --broker-url embedded` creates it with JetStream's default)", stream)
+	case strings.HasPrefix(url, "nats://"), strings.HasPrefix(url, "tls://"):
+		d, err := streamDuplicateWindow(cmd.Context(), url, stream)
+		if err != nil {
+			return fmt.Errorf("--broker-url %s --stream %s: read the duplicate window to compare --broker-dedup-window with: %w (omit --broker-url to skip the comparison)", url, stream, err)
+		}
+		broker = d
+		source = fmt.Sprintf("the duplicate window of JetStream stream %q (Duplicates)", stream)
+	case strings.HasPrefix(url, "kafka://"):
+		fmt.Fprintln(stderr, "note: Kafka has no broker-side dedup window (the idempotent producer deduplicates only within one producer session): nothing to compare --broker-dedup-window with")
+		return nil
+	case strings.HasPrefix(url, "amqp://"), strings.HasPrefix(url, "amqps://"):
+		fmt.Fprintln(stderr, "note: RabbitMQ has no dedup window: nothing to compare --broker-dedup-window with")
+		return nil
+	default:
+		return fmt.Errorf("--broker-url %q: want nats://…, tls://…, embedded, kafka://… or amqp://…", url)
+	}
+	err := ops.CheckBrokerWindow(w, broker, source)
+	switch {
+	case err == nil:
+		fmt.Fprintf(cmd.OutOrStdout(), "%s is %s: --broker-dedup-window %s covers it\n", source, broker, w.BrokerDedupWindow)
+		return nil
+	case allowBelow:
+		fmt.Fprintf(stderr, "WARNING: %v; storing it anyway (--allow-below-broker)\n", err)
+		return nil
+	default:
+		return fmt.Errorf("%w; pass --allow-below-broker to store it anyway", err)
+	}
+}
+
+// streamDuplicateWindow reads a JetStream stream's duplicate window.
+func streamDuplicateWindow(ctx context.Context, url, stream string) (time.Duration, error) {
+	nc, err := natsjs.Connect(url)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	s, err := js.Stream(cctx, stream)
+	if err != nil {
+		return 0, err
+	}
+	return s.CachedInfo().Config.Duplicates, nil
 }
