@@ -32,7 +32,7 @@ type missingDest struct {
 // are tried again: uniform in [ceil/2, ceil], ceil = min(cap, base·2^(n-1)).
 // The lower half bound keeps a missing destination from being retried in a
 // tight loop.
-func (d *missingDests) failed(topic string, now time.Time, base, limit time.Duration) (delay time.Duration, first bool) {
+func (d *missingDests) failed(topic string, now time.Time, base, limit time.Duration) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.m == nil {
@@ -51,7 +51,7 @@ func (d *missingDests) failed(topic string, now time.Time, base, limit time.Dura
 		ceil *= 2
 	}
 	ceil = max(min(ceil, limit), time.Millisecond)
-	return ceil/2 + time.Duration(rand.Int64N(int64(ceil/2)+1)), !ok
+	return ceil/2 + time.Duration(rand.Int64N(int64(ceil/2)+1))
 }
 
 // ok records a successful publish to topic; it reports whether topic was

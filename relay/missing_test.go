@@ -199,3 +199,33 @@ func TestMissingDestinationNegativeControl(t *testing.T) {
 	}
 	t.Logf("negative control: %d dead, %d sent, %d pending", s.count(t, "dead"), s.count(t, "sent"), s.count(t, "pending"))
 }
+
+// TestMissingDelayBounded: a missing destination's retry delay doubles per
+// consecutive failure from base, stays within [ceil/2, ceil] and never
+// exceeds the cap; a success forgets the destination, and a destination
+// nothing failed on lately drops out of the list.
+func TestMissingDelayBounded(t *testing.T) {
+	var d missingDests
+	now := time.Now()
+	base, limit := 100*time.Millisecond, time.Second
+	for i, ceil := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
+		ceil *= time.Millisecond
+		got := d.failed("a", now, base, limit)
+		if got < ceil/2 || got > ceil {
+			t.Fatalf("failure %d: delay %s outside [%s, %s]", i+1, got, ceil/2, ceil)
+		}
+	}
+	if l := d.list(now, time.Minute); !slices.Equal(l, []string{"a"}) {
+		t.Fatalf("list %v", l)
+	}
+	if was, _ := d.ok("a", now); !was {
+		t.Fatal("ok did not report a as missing before")
+	}
+	if was, _ := d.ok("a", now); was || len(d.list(now, time.Minute)) != 0 {
+		t.Fatal("a still missing after a success")
+	}
+	d.failed("b", now, base, limit)
+	if l := d.list(now.Add(2*time.Minute), time.Minute); len(l) != 0 {
+		t.Fatalf("stale destination still listed: %v", l)
+	}
+}

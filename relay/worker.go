@@ -342,8 +342,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 			}
 			h := held[c.ev.Topic]
 			if h == nil {
-				d, _ := r.missing.failed(c.ev.Topic, now, r.cfg.backoffBase, r.cfg.probeMax)
-				h = &heldDest{delay: d, err: fr.Err}
+				h = &heldDest{delay: r.missing.failed(c.ev.Topic, now, r.cfg.backoffBase, r.cfg.probeMax), err: fr.Err}
 				held[c.ev.Topic] = h
 			}
 			h.rows++

@@ -147,3 +147,18 @@ func TestRelayDocFlagParserCatchesDrift(t *testing.T) {
 		t.Fatal("sameDefault does not compare strings")
 	}
 }
+
+func TestAMQPTopicMatch(t *testing.T) {
+	for _, c := range []struct {
+		pattern, key string
+		want         bool
+	}{
+		{"#", "order.events", true}, {"#", "", true}, {"order.*", "order.events", true}, {"order.*", "order.events.x", false},
+		{"order.#", "order", true}, {"order.#", "order.a.b", true}, {"*.events", "payment.events", true},
+		{"order.events", "payment.events", false}, {"#.events", "a.b.events", true}, {"*", "a.b", false},
+	} {
+		if got := amqpTopicMatch(c.pattern, c.key); got != c.want {
+			t.Errorf("amqpTopicMatch(%q, %q) = %v, want %v", c.pattern, c.key, got, c.want)
+		}
+	}
+}
