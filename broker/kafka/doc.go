@@ -124,6 +124,18 @@
 // DecodeErr set and Raw filled (topic, key, headers, value) — never
 // dropped — so the inbox can park them and ack.
 //
+// Group membership and recovery after a crash: a consumer process that
+// dies without leaving (SIGKILL, OOM, power loss) keeps its partitions until
+// its session times out ([WithSessionTimeout], default 45s), and a
+// rebalance started meanwhile waits for it, up to [WithRebalanceTimeout]
+// (default 60s). [WithInstanceID] makes the consumer a static member
+// (KIP-345): restarted under the same id it takes the partitions back at
+// once, without a rebalance — measured on kfake, SIGKILL and restart to
+// first delivery: 45.0s by default, 6.0s with a 6s session, 0.02s as a
+// static member. Cooperative-sticky balancing ([WithBalancers], the
+// default) moves only the partitions that must move. The options document
+// their trade-offs.
+//
 // [Consumer.Lag] reports the group's lag (log end offset minus committed
 // offset) per partition, via kadm, for metrics.
 //
