@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -122,16 +121,16 @@ func TestShardForIsStable(t *testing.T) {
 	}
 }
 
-func TestNormalizeAssignsButKeeps(t *testing.T) {
-	given := uuid.Must(uuid.NewV7())
+func TestTopicRendersAndChecks(t *testing.T) {
 	e := validEvent()
-	e.ID = given
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))
-	if err := ferry.Normalize(&e, "", 16, now); err != nil {
-		t.Fatal(err)
+	if got, err := ferry.TopicTemplate("").Topic(0, &e); err != nil || got != "order.events" {
+		t.Fatalf("default template: %q %v", got, err)
 	}
-	if e.ID != given || e.ContentType != ferry.DefaultContentType || e.Topic != "order.events" || e.OccurredAt.Location() != time.UTC || !e.OccurredAt.Equal(now) {
-		t.Fatalf("normalized = %+v", e)
+	e.AggregateType = strings.Repeat("a", 200)
+	_, err := ferry.TopicTemplate("{tenant_id}.{aggregate_type}.{aggregate_type}").Topic(3, &e)
+	var ve *ferry.ValidationError
+	if !errors.As(err, &ve) || ve.Index != 3 || ve.Field != "topic" || !errors.Is(err, ferry.ErrInvalidEvent) {
+		t.Fatalf("a rendered topic over 249 bytes: %v", err)
 	}
 }
 
@@ -153,8 +152,21 @@ func FuzzValidate(f *testing.F) {
 			}
 			return
 		}
-		if err := ferry.Normalize(&e, "{tenant_id}.{aggregate_type}", 16, time.Now()); err != nil {
-			t.Fatal(err)
+		if e.Topic == "" {
+			topic, err := ferry.TopicTemplate("{tenant_id}.{aggregate_type}").Topic(0, &e)
+			if err != nil {
+				// A rendered topic can be too long for valid parts; that
+				// must be a clean validation error.
+				if !errors.Is(err, ferry.ErrInvalidEvent) {
+					t.Fatal(err)
+				}
+				return
+			}
+			e.Topic = topic
+		}
+		e.Shard = ferry.ShardFor(e.TenantID, e.AggregateType, e.AggregateID, 16)
+		if e.ID == uuid.Nil {
+			e.ID = uuid.Must(ferry.NewEventID())
 		}
 		if err := lim.Validate(0, &e); err != nil {
 			// A rendered topic can be too long for valid parts; that must

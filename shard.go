@@ -74,6 +74,18 @@ func (t TopicTemplate) Render(e *Event) string {
 	}
 }
 
+// Topic renders the topic of e (the event at index idx of a call) and
+// checks it against the strictest broker's rules (Kafka's characters and
+// 249 bytes): a template of valid parts can still render a topic that is
+// too long.
+func (t TopicTemplate) Topic(idx int, e *Event) (string, error) {
+	topic := t.Render(e)
+	if err := validateTopic(idx, topic); err != nil {
+		return "", err
+	}
+	return topic, nil
+}
+
 // Check rejects templates with unknown placeholders or characters a topic
 // may not hold, so a typo fails at start instead of on the first event.
 func (t TopicTemplate) Check() error {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
-	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -125,7 +124,7 @@ func (l Limits) Validate(idx int, e *Event) error {
 		return bad("occurred_at", "year %d is outside 2000..9999", e.OccurredAt.Year())
 	}
 	if e.Topic != "" {
-		if err := ValidateTopic(idx, e.Topic); err != nil {
+		if err := validateTopic(idx, e.Topic); err != nil {
 			return err
 		}
 	}
@@ -147,9 +146,9 @@ func (l Limits) Validate(idx int, e *Event) error {
 	return nil
 }
 
-// ValidateTopic checks a topic (given, or rendered from a template) against
+// validateTopic checks a topic (given, or rendered from a template) against
 // the strictest broker's rules: Kafka's characters and 249 bytes.
-func ValidateTopic(idx int, topic string) error {
+func validateTopic(idx int, topic string) error {
 	if topic == "" {
 		return &ValidationError{Index: idx, Field: "topic", Reason: "must not be empty"}
 	}
@@ -209,28 +208,4 @@ func truncate(s string) string {
 		}
 	}
 	return ""
-}
-
-// Normalize fills the assigned fields of e: ID (UUIDv7), ContentType,
-// OccurredAt (UTC now), Topic (from tmpl) and Shard. It does not validate.
-func Normalize(e *Event, tmpl TopicTemplate, shards int, now time.Time) error {
-	if e.ID == uuid.Nil {
-		id, err := NewEventID()
-		if err != nil {
-			return fmt.Errorf("ferry: generate event id: %w", err)
-		}
-		e.ID = id
-	}
-	if e.ContentType == "" {
-		e.ContentType = DefaultContentType
-	}
-	if e.OccurredAt.IsZero() {
-		e.OccurredAt = now
-	}
-	e.OccurredAt = e.OccurredAt.UTC()
-	if e.Topic == "" {
-		e.Topic = tmpl.Render(e)
-	}
-	e.Shard = ShardFor(e.TenantID, e.AggregateType, e.AggregateID, shards)
-	return nil
 }

@@ -1,4 +1,4 @@
-package outbox_test
+package outbox
 
 import (
 	"testing"
@@ -20,10 +20,7 @@ func BenchmarkValidateNormalize(b *testing.B) {
 		if err := lim.Validate(0, &e); err != nil {
 			b.Fatal(err)
 		}
-		if err := ferry.Normalize(&e, "", 16, now); err != nil {
-			b.Fatal(err)
-		}
-		if err := ferry.ValidateTopic(0, e.Topic); err != nil { // as the writer does for a rendered topic
+		if err := normalize(0, &e, "", 16, now); err != nil { // assign id/shard/topic, check the rendered topic
 			b.Fatal(err)
 		}
 	}

@@ -239,14 +239,8 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 			}
 			given[e.ID] = i
 		}
-		rendered := e.Topic == ""
-		if err := ferry.Normalize(&e, w.cfg.topics, w.cfg.shards, now); err != nil {
+		if err := normalize(i, &e, w.cfg.topics, w.cfg.shards, now); err != nil {
 			return nil, err
-		}
-		if rendered { // a topic rendered from valid parts can still be too long
-			if err := ferry.ValidateTopic(i, e.Topic); err != nil {
-				return nil, err
-			}
 		}
 		out[i] = e
 	}
