@@ -87,8 +87,8 @@
 // # Consuming
 //
 // [NewConsumer] creates or updates a durable pull consumer (explicit ack,
-// deliver all, AckWait default 30s, MaxDeliver unlimited, MaxAckPending
-// 1000). [Consumer.Consume] delivers in stream order from one goroutine; a
+// deliver all, AckWait default 5s, MaxDeliver unlimited, MaxAckPending
+// 4096). [Consumer.Consume] delivers in stream order from one goroutine; a
 // message that is not a valid Ferry CloudEvent is delivered with DecodeErr
 // set and Raw filled so the inbox can park it. Delivery.Attempt is the
 // server's NumDelivered. Delivery.Ack is a double ack (the server confirms
@@ -96,6 +96,16 @@
 // MaxAckPending is the back-pressure: the server stops delivering while
 // that many messages are unacked. [Consumer.Pending] returns the consumer's
 // num_pending, the lag metric.
+//
+// A live Consumer sends InProgress for every message it holds each
+// AckWait/3, so AckWait bounds only how long the messages of a consumer
+// that died (SIGKILL, lost host) wait before redelivery, not the
+// transaction. [Consumer.Close] naks every delivered, unsettled message
+// and Consume naks what it pulled but never handed out, so a graceful stop
+// hands them to another consumer at once. [Consumer.InFlightLimits]
+// reports MaxAckPending, the pull batch and AckWait for inbox.Run's sizing
+// check (it warns when MaxAckPending is below twice the inbox's in-flight
+// bound: a restart after a crash would find few free slots).
 //
 // # Embedded server
 //
