@@ -201,13 +201,18 @@ func TestNATSRepeatedAttributeHeaderParked(t *testing.T) {
 	m3 := natsMsg(ok, s.subject)
 	m3.Header.Add("x-app-tag", "one")
 	m3.Header.Add("x-app-tag", "two")
-	for _, msg := range []*nats.Msg{m, m2, m3} {
+	// NATS header names are case-sensitive: a second tenant under another
+	// case is the same attribute given twice (the exact-case one used to win).
+	cased := event(t, "acme", "o4", 1, `{"n":4}`)
+	m4 := natsMsg(cased, s.subject)
+	m4.Header.Set("CE-TENANTID", "victim")
+	for _, msg := range []*nats.Msg{m, m2, m3, m4} {
 		if _, err := js.PublishMsg(context.Background(), msg); err != nil {
 			t.Fatal(err)
 		}
 	}
 	ib := s.inbox(t)
-	s.runUntil(t, ib, func() bool { st := ib.Stats(); return st.Parked[ReasonUndecodable] == 2 && st.Applied == 1 })
+	s.runUntil(t, ib, func() bool { st := ib.Stats(); return st.Parked[ReasonUndecodable] == 3 && st.Applied == 1 })
 	if got := s.effectSeqs(t, ""); len(got) != 1 {
 		t.Fatalf("effects %v, want only the clean message's", got)
 	}
@@ -215,13 +220,21 @@ func TestNATSRepeatedAttributeHeaderParked(t *testing.T) {
 		t.Fatalf("the message with a repeated non-attribute header was not applied: %v", got)
 	}
 	ps, err := ib.ListParked(context.Background(), ParkedFilter{Reason: ReasonUndecodable})
-	if err != nil || len(ps) != 2 {
+	if err != nil || len(ps) != 3 {
 		t.Fatalf("parked %+v %v", ps, err)
 	}
 	byAttr := map[string]Parked{}
 	for _, p := range ps {
+		if strings.Contains(p.LastError, "attribute tenantid") && strings.Contains(p.LastError, "differing in case") {
+			byAttr["cased"] = p
+		}
+	}
+	if _, found := byAttr["cased"]; !found {
+		t.Fatalf("no undecodable row naming tenantid under two cases: %+v", ps)
+	}
+	for _, p := range ps {
 		switch {
-		case strings.Contains(p.LastError, "attribute tenantid"):
+		case strings.Contains(p.LastError, "attribute tenantid") && strings.Contains(p.LastError, "given"):
 			byAttr["tenantid"] = p
 		case strings.Contains(p.LastError, "attribute datacontenttype"):
 			byAttr["datacontenttype"] = p
@@ -308,7 +321,7 @@ func TestNATSConsumerLimits(t *testing.T) {
 		s := newNATSStack(t, "", natsjs.WithMaxPayload(8<<20))
 		_, _, fine := publish(s)
 		ib := s.inbox(t)
-		s.runUntil(t, ib, func() bool { st := ib.Stats(); return st.Parked[ReasonUndecodable] == 2 && st.Applied == 1 })
+		s.runUntil(t, ib, func() bool { st := ib.Stats(); return st.Parked[ReasonUndecodable] == 3 && st.Applied == 1 })
 		if got := s.effectSeqs(t, ""); len(got) != 1 || len(s.effectSeqs(t, fine.ID.String())) != 1 {
 			t.Fatalf("effects %v, want only the event within the limits", got)
 		}

@@ -203,8 +203,10 @@ func Encode(b Binding, ev ferry.Event, opts EncodeOptions) (headers map[string]s
 // Every field is filled except Topic (the caller knows the destination) and
 // Shard (a producer-side detail). Header names are matched exactly first and
 // then case-insensitively, so a broker or proxy that changes case does not
-// lose attributes; two differently-cased headers for one attribute with
-// different values are rejected as ambiguous. For AMQP the prefix
+// lose attributes; two headers for one attribute (differently cased, or
+// AMQP's two prefixes) with different values are rejected as ambiguous,
+// also when one of them matches exactly. A header map cannot repeat a name;
+// for bindings whose headers can (NATS, Kafka) see [DecodeMulti]. For AMQP the prefix
 // "cloudEvents_" (the binding's JMS-compatible form) is accepted too.
 //
 // Required: specversion "1.0", id (a UUID), source, type, subject, time
@@ -228,6 +230,9 @@ func decode(b Binding, headers map[string]string, body []byte) (ferry.Event, err
 		return ev, &DecodeError{Binding: b, Attribute: AttrSpecVersion, Reason: "undefined binding"}
 	}
 	d := decoder{b: b, h: headers}
+	if err := d.ambiguous(); err != nil {
+		return ev, err
+	}
 
 	sv, err := d.get(AttrSpecVersion, true)
 	if err != nil {
@@ -423,6 +428,33 @@ func (d decoder) names(attr string) []string {
 		return []string{"cloudEvents:" + attr, "cloudEvents_" + attr}
 	}
 	return []string{d.b.Prefix() + attr}
+}
+
+// ambiguous rejects an attribute present under two header names — names
+// differing only in case (NATS and Kafka header names are case-sensitive,
+// so both reach the decoder), or AMQP's two prefixes — with different
+// values: an exact-case match must not silently win over the other. Of
+// several such attributes the first in name order is named.
+func (d decoder) ambiguous() error {
+	var seen map[string]string
+	bad := ""
+	for k, v := range d.h {
+		attr := d.b.attributeOf(k)
+		if attr == "" {
+			continue
+		}
+		if seen == nil {
+			seen = make(map[string]string, len(d.h))
+		}
+		if prev, ok := seen[attr]; ok && prev != v && (bad == "" || attr < bad) {
+			bad = attr
+		}
+		seen[attr] = v
+	}
+	if bad != "" {
+		return d.bad(bad, "present under two header names (differing in case or prefix) with different values")
+	}
+	return nil
 }
 
 func (d decoder) bad(attr, format string, args ...any) *DecodeError {

@@ -408,3 +408,30 @@ func TestDecodeMultiRepeatedOtherHeader(t *testing.T) {
 		}
 	}
 }
+
+// An attribute given twice under names differing only in case is as
+// ambiguous as a repeated header: the exact-case value must not win
+// silently over the other.
+func TestDecodeCaseVariantWithExactMatchIsAmbiguous(t *testing.T) {
+	for _, b := range bindings {
+		h, body := Encode(b, fullEvent(), EncodeOptions{})
+		h[strings.ToUpper(b.Prefix()+ExtTenantID)] = "victim"
+		if _, err := Decode(b, h, body); !isAttrErr(err, ExtTenantID) {
+			t.Fatalf("%s: exact ce-tenantid acme and upper-case victim: err = %v, want a DecodeError on tenantid", b, err)
+		}
+		_, _, err := DecodeMulti(b, multi(h), body)
+		if !isAttrErr(err, ExtTenantID) {
+			t.Fatalf("%s: DecodeMulti: err = %v", b, err)
+		}
+		// The same value under two cases is not ambiguous.
+		h[strings.ToUpper(b.Prefix()+ExtTenantID)] = fullEvent().TenantID
+		if _, err := Decode(b, h, body); err != nil {
+			t.Fatalf("%s: equal values: %v", b, err)
+		}
+	}
+	h, body := Encode(NATS, fullEvent(), EncodeOptions{})
+	h["Content-Type"] = "text/plain"
+	if _, err := Decode(NATS, h, body); !isAttrErr(err, AttrDataContentType) {
+		t.Fatalf("content-type and Content-Type: err = %v", err)
+	}
+}
