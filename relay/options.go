@@ -219,6 +219,17 @@ func defaultConfig() config {
 	}
 }
 
+// CheckOptions validates opts as New would, without a database or a
+// broker: a command can refuse a bad setting before it connects to
+// anything. The error is a *ferry.ConfigError naming the option's field.
+func CheckOptions(opts ...Option) error {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg.check()
+}
+
 func (c *config) check() error {
 	if err := c.tables.Check(); err != nil {
 		return err

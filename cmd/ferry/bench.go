@@ -7,7 +7,7 @@ import (
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Benchmarks: produce (outbox write cost on Postgres)",
+		Short: "Benchmarks: produce (outbox write cost), relay (drain rate to a broker), consume (inbox apply rate, --recovery after a SIGKILL)",
 	}
 	cmd.AddCommand(newBenchProduceCmd())
 	cmd.AddCommand(newBenchRelayCmd())

@@ -45,6 +45,17 @@ Previews (counts) by default; --approve deletes and writes an audit row.`,
   ferry cleanup --older-than 192h --batch-size 1000 --pause 50ms --approve --reason "nightly"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
+			switch {
+			case opts.BatchSize < 1 || opts.BatchSize > ops.MaxCleanupBatch:
+				return fmt.Errorf("--batch-size must be in 1..%d, got %d", ops.MaxCleanupBatch, opts.BatchSize)
+			case opts.MaxBatches < 0:
+				return fmt.Errorf("--max-batches must be >= 0 (0: until done), got %d", opts.MaxBatches)
+			case opts.Pause < 0:
+				return fmt.Errorf("--pause must be >= 0, got %s", opts.Pause)
+			}
 			s, o, err := f.open(cmd, ops.WithMinimumWindow(minWindow))
 			if err != nil {
 				return err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/prove"
 )
 
@@ -35,7 +36,7 @@ show violations. Exit status is 1 when a real scenario shows a violation or
 a control shows none. See docs/PROVE.md for every figure.
 
 Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
---postgres and --broker point it at your own servers.`,
+--database-url and --broker point it at your own servers.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			applyEnv(cmd)
@@ -67,6 +68,11 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 				}
 			}
 			if postgres != "" {
+				if d, _, err := parseDatabaseURL(postgres); err != nil {
+					return err
+				} else if d != driver.Postgres {
+					return fmt.Errorf("--database-url: prove runs on a fresh SQLite file of its own by default; it takes only postgres:// URLs, got %q", redactURL(postgres))
+				}
 				opts = append(opts, prove.WithPostgres(postgres))
 			}
 			if brokerURL != "" {
@@ -103,7 +109,9 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 	f.IntVar(&tenants, "tenants", 3, "tenants (sharing aggregate ids)")
 	f.IntVar(&producers, "producers", 4, "concurrent producers")
 	f.DurationVar(&duration, "duration", 60*time.Second, "longest a scenario may take to settle")
-	f.StringVar(&postgres, "postgres", "", "Postgres URL (default: SQLite in a temp dir); each scenario uses a fresh schema")
+	f.StringVar(&postgres, "database-url", "", "Postgres URL, postgres://… (default: SQLite in a temp dir); each scenario uses a fresh schema and touches nothing else")
+	f.StringVar(&postgres, "postgres", "", "old name of --database-url")
+	_ = f.MarkDeprecated("postgres", "use --database-url")
 	f.StringVar(&brokerURL, "broker", "", "broker: nats://host:port, kafka://kfake, kafka://host:port[,…], amqp://user:pass@host:port/ (default: embedded NATS)")
 	f.BoolVar(&refRel, "reference-relay", false, "use prove's reference relay instead of package relay")
 	cmd.AddCommand(&cobra.Command{

@@ -116,7 +116,7 @@ the leases and exits 0.`,
 	}
 	f.store.register(cmd)
 	fl := cmd.Flags()
-	fl.StringVar(&f.brokerURL, "broker-url", "", "broker: nats://…, kafka://host:port[,host:port], or embedded")
+	fl.StringVar(&f.brokerURL, "broker-url", "", "broker: nats://…, kafka://host:port[,host:port], amqp://user:pass@host:port/vhost, or embedded")
 	fl.StringVar(&f.mode, "mode", "poll", `how rows are found: "poll" (claim by status, LISTEN/NOTIFY wake-up) or "cdc" (Postgres logical replication, pgoutput)`)
 	fl.DurationVar(&f.cleanupEvery, "cleanup-interval", 0, "run cleanup (sent outbox rows, old inbox and finished effect rows) this often; 0 disables")
 	fl.DurationVar(&f.cleanupRetention, "cleanup-retention", 7*24*time.Hour, "cleanup keeps rows younger than this; refused if shorter than the replay window (ferry cleanup window)")
@@ -134,7 +134,7 @@ the leases and exits 0.`,
 	fl.IntVar(&f.maxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed attempts before a row goes dead")
 	fl.StringVar(&f.deadPolicy, "dead-policy", string(relay.DeadHold), `what a dead row does to its aggregate: "hold" or "skip"`)
 	fl.BoolVar(&f.provision, "provision", false, "create the destination (stream/topics) if missing instead of refusing to start")
-	fl.StringVar(&f.listen, "listen", ":9464", `address for /metrics, /healthz, /readyz ("" disables)`)
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:9464", `address for /metrics, /healthz, /readyz (loopback by default; ":9464" for every interface; "" disables)`)
 	fl.StringVar(&f.instanceID, "instance-id", "", "this relay's id in the lease table (default hostname-pid-random)")
 	fl.StringVar(&f.notifyChannel, "notify-channel", "ferry_outbox", `Postgres LISTEN channel (writers use outbox.WithNotify); "" disables`)
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -164,8 +164,16 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 	if err := checkSource(f.source); err != nil {
 		return err
 	}
-	if f.workers < 1 {
-		return fmt.Errorf("--workers must be >= 1, got %d", f.workers)
+	if f.cleanupEvery < 0 {
+		return fmt.Errorf("--cleanup-interval must be >= 0 (0 disables), got %s", f.cleanupEvery)
+	}
+	if f.cleanupRetention <= 0 {
+		return fmt.Errorf("--cleanup-retention must be positive, got %s", f.cleanupRetention)
+	}
+	// Every relay option is checked before anything is connected, and a
+	// refusal names the flag the user typed.
+	if err := relay.CheckOptions(pollOptions(f, f.store.tables())...); err != nil {
+		return relayFlagError(err)
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
@@ -197,22 +205,13 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 	if f.mode == "cdc" {
 		return runCDCRelay(ctx, f, st, pub, reg, log)
 	}
-	opts := []relay.Option{
-		relay.WithTables(st.tables), relay.WithShardCount(f.shards), relay.WithBatchSize(f.batch),
-		relay.WithPollInterval(f.poll), relay.WithLeaseTTL(f.leaseTTL), relay.WithBackoff(f.backoffBase, f.backoffMax),
-		relay.WithPublishTimeout(f.publishTimeout), relay.WithMaxAttempts(f.maxAttempts),
-		relay.WithDeadPolicy(relay.DeadPolicy(f.deadPolicy)), relay.WithLogger(log), relay.WithRegisterer(reg),
-		relay.WithWorkers(f.workers),
-	}
-	if f.instanceID != "" {
-		opts = append(opts, relay.WithInstanceID(f.instanceID))
-	}
+	opts := append(pollOptions(f, st.tables), relay.WithLogger(log), relay.WithRegisterer(reg))
 	if f.notifyChannel != "" && st.pool != nil {
 		opts = append(opts, relay.WithListener(st.pool, f.notifyChannel))
 	}
 	r, err := relay.New(st, pub, opts...)
 	if err != nil {
-		return err
+		return relayFlagError(err)
 	}
 
 	if f.listen != "" {
@@ -536,4 +535,48 @@ func relayList(s string) []string {
 		}
 	}
 	return out
+}
+
+// pollOptions are the relay options the flags set (logger, registry and
+// listener are added by the caller).
+func pollOptions(f *relayFlags, tables ferry.Tables) []relay.Option {
+	opts := []relay.Option{
+		relay.WithTables(tables), relay.WithShardCount(f.shards), relay.WithBatchSize(f.batch),
+		relay.WithPollInterval(f.poll), relay.WithLeaseTTL(f.leaseTTL), relay.WithBackoff(f.backoffBase, f.backoffMax),
+		relay.WithPublishTimeout(f.publishTimeout), relay.WithMaxAttempts(f.maxAttempts),
+		relay.WithDeadPolicy(relay.DeadPolicy(f.deadPolicy)), relay.WithWorkers(f.workers),
+	}
+	if f.instanceID != "" {
+		opts = append(opts, relay.WithInstanceID(f.instanceID))
+	}
+	return opts
+}
+
+// relayOptionFlags names the flag behind each relay option field.
+var relayOptionFlags = map[string]string{
+	"shard_count":     "--shards",
+	"batch_size":      "--batch-size",
+	"poll_interval":   "--poll-interval",
+	"lease_ttl":       "--lease-ttl",
+	"backoff":         "--backoff-base/--backoff-max",
+	"publish_timeout": "--publish-timeout",
+	"max_attempts":    "--max-attempts",
+	"dead_policy":     "--dead-policy",
+	"workers":         "--workers",
+	"instance_id":     "--instance-id",
+	"listener":        "--notify-channel",
+	"tables.schema":   "--schema",
+	"tables.prefix":   "--table-prefix",
+}
+
+// relayFlagError restates a relay configuration error in terms of the flag
+// the user typed ("--shards must be in 1..4096, got -1").
+func relayFlagError(err error) error {
+	var ce *ferry.ConfigError
+	if errors.As(err, &ce) {
+		if fl, ok := relayOptionFlags[ce.Field]; ok {
+			return fmt.Errorf("%s %s", fl, ce.Reason)
+		}
+	}
+	return err
 }

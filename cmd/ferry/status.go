@@ -243,6 +243,19 @@ ferry_ops_section_up{section} 0 and ferry_ops_up 0 for it, and none of
 its own gauges.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
+			switch {
+			case watch < 0:
+				return fmt.Errorf("--watch must be >= 0 (0 prints once), got %s", watch)
+			case softCap < 0:
+				return fmt.Errorf("--soft-cap must be >= 0 (0: not exported), got %d", softCap)
+			case hardCap < 0:
+				return fmt.Errorf("--hard-cap must be >= 0 (0: not exported), got %d", hardCap)
+			case softCap > 0 && hardCap > 0 && softCap > hardCap:
+				return fmt.Errorf("--soft-cap %d is above --hard-cap %d", softCap, hardCap)
+			}
 			s, o, err := f.open(cmd)
 			if err != nil {
 				return err
