@@ -55,7 +55,9 @@ Kafka runs on kfake in this process, NATS embedded or the server at
 --nats-url, RabbitMQ at --rabbitmq-url.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			applyEnv(cmd)
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			if recovery {
 				exe, err := os.Executable()

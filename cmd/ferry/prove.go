@@ -39,7 +39,9 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 --database-url and --broker point it at your own servers.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			applyEnv(cmd)
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
 			if list {
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 2, 2, 2, ' ', 0)
 				for _, s := range prove.Scenarios() {
