@@ -31,6 +31,7 @@ FERRY_DATABASE_URL; a value the flag refuses is an error.`,
 		newRelayCmd(),
 		newProveCmd(),
 		newStatusCmd(), newDLQCmd(), newParkedCmd(), newReplayCmd(), newCleanupCmd(), newEvidenceCmd(), newEffectsCmd(),
+		newConsoleCmd(),
 	)
 	refuseUnknownSubcommands(root)
 	return root
