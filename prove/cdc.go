@@ -2,8 +2,11 @@ package prove
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"sync"
 	"time"
 
@@ -13,18 +16,59 @@ import (
 	"github.com/ferryhq/ferry/relay/cdc"
 )
 
-// cdcRestarts is how many times the CDC relay is stopped mid-stream.
-const cdcRestarts = 3
+// cdcRestarts is how many times the CDC relay is killed (SIGKILLed as a
+// subprocess; stopped in-process when no worker command is set, and in the
+// start-from-current-WAL control).
+const cdcRestarts = 6
+
+// The CDC relay builds a scenario runs (workerJob.Broken for the
+// subprocess).
+const (
+	// cdcBuildCurrentWAL restarts from the current WAL position instead of
+	// the slot: rows committed while it was down are skipped.
+	cdcBuildCurrentWAL = "cdc-start-from-current-wal"
+	// cdcBuildConfirmBeforeMark confirms a batch's LSN at the broker's ack,
+	// before the rows are marked sent (slow marks: 800ms flush interval):
+	// a SIGKILL in between leaves published rows pending behind the slot.
+	cdcBuildConfirmBeforeMark = "cdc-confirm-before-mark"
+)
+
+// cdcOptions are the relay options of a build. Broken builds run without
+// the reconciler, which would otherwise repair (late) what they break.
+func cdcOptions(build string) []cdc.Option {
+	switch build {
+	case cdcBuildCurrentWAL:
+		return []cdc.Option{cdc.WithFaults(cdc.Faults{StartFromCurrentWAL: true, NoReconcile: true})}
+	case cdcBuildConfirmBeforeMark:
+		return []cdc.Option{cdc.WithFaults(cdc.Faults{ConfirmBeforeMark: true, NoReconcile: true}), cdc.WithFlushInterval(800 * time.Millisecond)}
+	}
+	// The real relay; the reconciler at prove's patience rather than 10s.
+	return []cdc.Option{cdc.WithReconcileInterval(300 * time.Millisecond)}
+}
+
+func (e *env) cdcBuild() string {
+	switch {
+	case e.sc.cdcCurrentWAL:
+		return cdcBuildCurrentWAL
+	case e.sc.cdcConfirmEarly:
+		return cdcBuildConfirmBeforeMark
+	}
+	return ""
+}
 
 // startCDCRelay runs package relay/cdc (Postgres logical replication)
-// and stops it cdcRestarts times at seeded moments, leaving it down for a
-// while each time so transactions commit while nobody reads the slot; the
-// last instance runs until ctx ends. With startFromCurrentWAL (the
-// negative control) each restart skips what committed while it was down.
-// restartsDone is closed after the last restart.
+// and kills it cdcRestarts times; the last instance runs until ctx ends.
+// restartsDone is closed after the last kill. With a worker command the
+// relay is a subprocess, SIGKILLed (startCDCSigkill); otherwise, and for
+// the start-from-current-WAL control, it is stopped in-process.
 func startCDCRelay(ctx context.Context, wg *sync.WaitGroup, e *env, startFromCurrentWAL bool, restartsDone chan<- struct{}) {
+	if !startFromCurrentWAL && len(e.cfg.worker) > 0 {
+		startCDCSigkill(ctx, wg, e, restartsDone)
+		return
+	}
 	s1, s2 := seedFor(e.cfg.seed, e.sc.name+"/cdc")
 	rng := rand.New(rand.NewPCG(s1, s2))
+	build := e.cdcBuild()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -36,7 +80,7 @@ func startCDCRelay(ctx context.Context, wg *sync.WaitGroup, e *env, startFromCur
 		for i := 0; ctx.Err() == nil; i++ {
 			rctx, cancel := context.WithCancel(ctx)
 			done := make(chan error, 1)
-			go func() { done <- e.runCDC(rctx, startFromCurrentWAL) }()
+			go func() { done <- e.runCDC(rctx, build) }()
 			if i < cdcRestarts {
 				select {
 				case <-ctx.Done():
@@ -61,22 +105,105 @@ func startCDCRelay(ctx context.Context, wg *sync.WaitGroup, e *env, startFromCur
 	}()
 }
 
-func (e *env) runCDC(ctx context.Context, startFromCurrentWAL bool) error {
+// startCDCSigkill runs the CDC relay as a worker subprocess and SIGKILLs it
+// cdcRestarts times at seeded moments: the first while the first start
+// creates the slot and catches up, from the table, the rows committed
+// before it (the workload starts first); then alternately mid-stream and
+// right after a restart that follows a down time, while the relay streams
+// the slot's backlog. The broken build's relays live longer than its
+// flush interval, so kills fall between its confirmations and its marks.
+func startCDCSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, restartsDone chan<- struct{}) {
+	s1, s2 := seedFor(e.cfg.seed, e.sc.name+"/cdc-sigkill")
+	rng := rand.New(rand.NewPCG(s1, s2))
+	build := e.cdcBuild()
+	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
+	argv := e.cfg.worker
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		kills := 0
+		defer func() {
+			if kills < cdcRestarts {
+				close(restartsDone)
+			}
+		}()
+		sleepCtx(ctx, 300*time.Millisecond) // rows before the slot exists
+		for i := 0; ctx.Err() == nil; i++ {
+			job, _ := json.Marshal(workerJob{Role: "cdc", DatabaseURL: e.db.adminURL, Schema: e.db.schema, Transport: e.tr.job(),
+				ID: fmt.Sprintf("cdc-proc-%d", i), Broken: build})
+			cmd := exec.Command(argv[0], argv[1:]...)
+			cmd.Env = append(os.Environ(), WorkerEnv+"="+string(job))
+			if err := cmd.Start(); err != nil {
+				e.rec.err(fmt.Errorf("prove: start cdc worker: %w", err))
+				sleepCtx(ctx, 200*time.Millisecond)
+				continue
+			}
+			exited := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(exited) }()
+			var timer <-chan time.Time
+			if kills < cdcRestarts {
+				var life time.Duration
+				switch {
+				case build == cdcBuildConfirmBeforeMark && i > 0:
+					life = between(900*time.Millisecond, 2500*time.Millisecond)
+				case i == 0:
+					life = between(30*time.Millisecond, 250*time.Millisecond) // mid slot creation / catch-up
+				case i%2 == 1:
+					life = between(80*time.Millisecond, 300*time.Millisecond) // mid backlog, right after the down time
+				default:
+					life = between(300*time.Millisecond, 900*time.Millisecond) // mid-stream
+				}
+				timer = time.After(life)
+			}
+			select {
+			case <-ctx.Done():
+			case <-exited:
+				continue
+			case <-timer:
+				kills++
+				e.faults.Add(1)
+			}
+			_ = cmd.Process.Kill() // SIGKILL: no deferred cleanup, no last status update
+			<-exited
+			if kills == cdcRestarts && timer != nil {
+				close(restartsDone)
+			}
+			if i%2 == 0 && ctx.Err() == nil {
+				sleepCtx(ctx, between(200*time.Millisecond, 500*time.Millisecond)) // down: a backlog builds up in the slot
+			}
+		}
+	}()
+}
+
+// runCDC runs one CDC relay of build until ctx ends.
+func (e *env) runCDC(ctx context.Context, build string) error {
 	pub, err := e.newPublisher()
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
-	r, err := cdc.New(e.db.adminURL, pub, cdc.WithTables(ferry.Tables{Schema: e.db.schema}),
+	opts := append([]cdc.Option{cdc.WithTables(ferry.Tables{Schema: e.db.schema}),
 		cdc.WithSlotName(e.db.schema), cdc.WithPublicationName(e.db.schema),
-		cdc.WithStandbyTimeout(200*time.Millisecond), cdc.WithAcquireInterval(100*time.Millisecond),
+		cdc.WithStandbyTimeout(200 * time.Millisecond), cdc.WithAcquireInterval(100 * time.Millisecond),
 		cdc.WithBackoff(20*time.Millisecond, 500*time.Millisecond), cdc.WithLogger(e.log),
-		cdc.WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"prove_instance": randHex(3)}, e.reg)),
-		cdc.WithFaults(cdc.Faults{StartFromCurrentWAL: startFromCurrentWAL}))
+		cdc.WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"prove_instance": randHex(3)}, e.reg))},
+		cdcOptions(build)...)
+	r, err := cdc.New(e.db.adminURL, pub, opts...)
 	if err != nil {
 		return fmt.Errorf("prove: cdc relay: %w", err)
 	}
 	return r.Run(ctx)
+}
+
+// needsPostgresAndWorker: the CDC SIGKILL control needs both.
+func needsPostgresAndWorker(st *stack, c *config) string {
+	if why := needsPostgres(st, c); why != "" {
+		return why
+	}
+	if len(c.worker) == 0 {
+		return "no worker command (run through `ferry prove`, or pass WithWorkerCommand): the control needs a relay process to SIGKILL"
+	}
+	return ""
 }
 
 // dropCDC removes the scenario's replication slot and publication: a
@@ -87,7 +214,9 @@ func (e *env) dropCDC(ctx context.Context) {
 		if _, err := ex.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, e.db.schema); err == nil {
 			break
 		}
-		sleepCtx(ctx, 100*time.Millisecond) // the walsender may still hold it
+		// A SIGKILLed worker's walsender may still hold it for a moment.
+		_, _ = ex.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, e.db.schema)
+		sleepCtx(ctx, 100*time.Millisecond)
 	}
 	_, _ = ex.Exec(ctx, fmt.Sprintf(`DROP PUBLICATION IF EXISTS %q`, e.db.schema))
 }

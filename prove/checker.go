@@ -41,6 +41,10 @@ type Figures struct {
 	// Phantom: in the stream or applied, but its transaction rolled back
 	// (or never happened).
 	Phantom int `json:"phantom"`
+	// StateMismatch: committed events on which the outbox table's record
+	// of the publication (status, receipt), the broker's stream and ops
+	// evidence disagree after settling (agreement.go). Must be 0.
+	StateMismatch int `json:"state_mismatch"`
 	// DuplicatePublishes: publish calls beyond the first per event
 	// (absorbed by broker dedup or by the inbox).
 	DuplicatePublishes int `json:"duplicate_publishes"`
@@ -119,7 +123,7 @@ func (f Figures) Deterministic(control bool) map[string]int {
 		"lost": f.Lost, "phantom": f.Phantom, "duplicate_effects": f.DuplicateEffects,
 		"order_violations": f.OrderViolations, "sequence_errors": f.SequenceErrors,
 		"faults_injected": f.FaultsInjected, "parked": f.Parked, "dead_letters": f.DeadLetters,
-		"duplicate_applies": f.DuplicateApplies,
+		"duplicate_applies": f.DuplicateApplies, "state_mismatch": f.StateMismatch,
 	}
 }
 
@@ -151,6 +155,10 @@ type truth struct {
 	unsent     map[string]bool
 	unsentOwed bool
 	owed       owedSet
+
+	// mismatch: one line per committed event on which the table, the
+	// broker and ops evidence disagree (agreement.go).
+	mismatch []string
 }
 
 type outboxTruth struct {
@@ -247,6 +255,9 @@ func collect(ctx context.Context, e *env) (*truth, error) {
 		return nil, err
 	}
 	if t.unsentOwed, err = e.unsentOwed(ctx); err != nil {
+		return nil, err
+	}
+	if t.mismatch, err = e.stateMismatches(ctx, t); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -478,7 +489,14 @@ func check(e *env, t *truth) (Figures, []string) {
 	}
 	f.FaultsInjected = int(e.faults.Load())
 	f.FencedWrites = int(e.rec.fencedMarks.Load())
+	f.StateMismatch = len(t.mismatch)
+	for _, m := range t.mismatch {
+		eventViol("%s", m)
+	}
 
+	if f.StateMismatch > 0 {
+		viol("%d committed events where the outbox table, the broker and ferry evidence disagree (state_mismatch)", f.StateMismatch)
+	}
 	if f.Lost > 0 {
 		viol("%d committed events lost", f.Lost)
 	}

@@ -43,6 +43,7 @@ type scenario struct {
 	sigkillEffects      bool          // the effect worker runs as a subprocess (provider over HTTP), SIGKILLed and restarted
 	cdc                 bool          // publish with package relay/cdc instead of the polling relay
 	cdcCurrentWAL       bool          // the CDC control: restart from the current WAL, not the slot
+	cdcConfirmEarly     bool          // the CDC control: confirm the LSN before the rows are marked sent
 	throttle            time.Duration // pause per producer transaction, to spread the workload over the faults
 	notAvailable        func(*stack, *config) string
 
@@ -172,8 +173,8 @@ func allScenarios() []*scenario {
 				}
 				return ""
 			}},
-		{name: "cdc-restart", desc: "the CDC relay (logical replication) is stopped 3 times mid-stream; each restart resumes from its slot",
-			plan: planOptions{rollbackRate: 0.1}, cdc: true, throttle: 10 * time.Millisecond, notAvailable: needsPostgres,
+		{name: "cdc-restart", desc: "the CDC relay (logical replication) runs as a subprocess, SIGKILLed 6 times (mid catch-up, mid-stream, mid backlog); each restart resumes from its slot",
+			plan: planOptions{rollbackRate: 0.1}, cdc: true, throttle: 40 * time.Millisecond, notAvailable: needsPostgres,
 			extra: func(e *env, f *Figures, _ *truth) []string {
 				if f.FaultsInjected != cdcRestarts {
 					return []string{fmt.Sprintf("%d CDC restarts, want %d", f.FaultsInjected, cdcRestarts)}
@@ -192,6 +193,8 @@ func allScenarios() []*scenario {
 			plan: planOptions{}, relays: oneRelay, cleanup: "premature"},
 		{name: "control-cdc-start-from-current-wal", control: true, desc: "the CDC relay restarts from the current WAL position instead of its slot",
 			plan: planOptions{}, cdc: true, cdcCurrentWAL: true, throttle: 10 * time.Millisecond, notAvailable: needsPostgres},
+		{name: "control-cdc-confirm-before-mark", control: true, desc: "the CDC relay confirms the LSN at the broker's ack, before marking the rows sent, and is SIGKILLed: the table disagrees with the broker",
+			plan: planOptions{}, cdc: true, cdcConfirmEarly: true, throttle: 100 * time.Millisecond, notAvailable: needsPostgresAndWorker},
 		{name: "control-inline-effect", control: true, desc: "external call inside the handler without the ledger; crash after provider success",
 			plan: planOptions{faultRates: map[int]float64{faultEffectCrash: 0.2}}, relays: oneRelay, inlineEffect: true},
 	}

@@ -31,7 +31,7 @@ const WorkerEnv = "FERRY_PROVE_WORKER"
 var ErrNotWorker = errors.New("prove: not started as a worker (" + WorkerEnv + " unset)")
 
 type workerJob struct {
-	Role        string       `json:"role"` // "relay", "inbox" or "effects"
+	Role        string       `json:"role"` // "relay", "cdc", "inbox" or "effects"
 	DatabaseURL string       `json:"database_url"`
 	Transport   transportJob `json:"transport"`
 	ID          string       `json:"id"`
@@ -47,6 +47,9 @@ type workerJob struct {
 	// StartDelay: the inbox waits this long before consuming (tests of the
 	// settle logic; see withSlowConsumer).
 	StartDelay time.Duration `json:"start_delay,omitempty"`
+	// Schema: role "cdc" — the outbox schema, also its slot's and
+	// publication's name; DatabaseURL is then the admin URL.
+	Schema string `json:"schema,omitempty"`
 }
 
 // workerReport is what a worker prints on stdout when it ends by SIGTERM.
@@ -72,7 +75,7 @@ func RunWorker(ctx context.Context) error {
 	if err := json.Unmarshal([]byte(raw), &job); err != nil {
 		return fmt.Errorf("prove: worker job: %w", err)
 	}
-	if job.Role != "relay" && job.Role != "inbox" && job.Role != "effects" {
+	if job.Role != "relay" && job.Role != "cdc" && job.Role != "inbox" && job.Role != "effects" {
 		return fmt.Errorf("prove: worker role %q: \"relay\", \"inbox\" or \"effects\"", job.Role)
 	}
 	var db *sql.DB
@@ -94,6 +97,11 @@ func RunWorker(ctx context.Context) error {
 		plan: &plan{events: map[string]*plannedEvent{}}, log: slog.New(slog.DiscardHandler),
 		rec: newRecorder(), reg: prometheus.NewRegistry()}
 	e.metrics = newMetrics(e.reg)
+	if job.Role == "cdc" {
+		// package relay/cdc, SIGKILLed by the parent (cdc.go).
+		e.db.adminURL, e.db.schema = job.DatabaseURL, job.Schema
+		return e.runCDC(ctx, job.Broken)
+	}
 	if job.Role == "effects" {
 		// package effect's worker, calling the parent's provider over HTTP.
 		return e.runHTTPEffects(ctx, job.ID, job.ProviderURL, job.Broken == "blind-retry")

@@ -69,6 +69,19 @@
 // acknowledged meanwhile), off the publish path: commit→ack latency does
 // not include them.
 //
+// # Table and broker agree
+//
+// Postgres may decode a transaction before its rows are visible to other
+// sessions (the commit record is flushed before the backend leaves the proc
+// array). The marking statement therefore also returns the ids its snapshot
+// did not contain; the flusher waits for them (at most 2s) before it
+// confirms. A reconciler ([WithReconcileInterval], default 10s) notes the
+// oldest pending rows and the WAL insert position W after that snapshot;
+// once the relay has confirmed a position >= W, a noted row still pending
+// will never come through the slot again, so it is re-published (broker
+// dedup answers with the original receipt) and marked. Rows ahead of the
+// slot are never touched. See docs/CDC.md, "Table and broker agree".
+//
 // # Failures
 //
 // A transient broker error (class NotSent or Indeterminate) is retried, in
