@@ -460,21 +460,27 @@ func runAction[F any, R any](s *Server, w http.ResponseWriter, r *http.Request, 
 func outboxAction(s *Server, fn func(context.Context, ops.Filter, ops.Approval) (ops.Result, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runAction(s, w, r, func(f OutboxFilter) (any, error) { return f.ops() },
-			func(ctx context.Context, f any, a ops.Approval) (ops.Result, error) { return fn(ctx, f.(ops.Filter), a) })
+			func(ctx context.Context, f any, a ops.Approval) (ops.Result, error) {
+				return fn(ctx, f.(ops.Filter), a)
+			})
 	})
 }
 
 func parkedAction(s *Server, fn func(context.Context, ops.ParkedFilter, ops.Approval) (ops.ParkedResult, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runAction(s, w, r, func(f ParkedFilter) (any, error) { return f.ops() },
-			func(ctx context.Context, f any, a ops.Approval) (ops.ParkedResult, error) { return fn(ctx, f.(ops.ParkedFilter), a) })
+			func(ctx context.Context, f any, a ops.Approval) (ops.ParkedResult, error) {
+				return fn(ctx, f.(ops.ParkedFilter), a)
+			})
 	})
 }
 
 func effectAction(s *Server, fn func(context.Context, ops.EffectFilter, ops.Approval) (ops.EffectResult, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runAction(s, w, r, func(f EffectFilter) (any, error) { return f.ops(), nil },
-			func(ctx context.Context, f any, a ops.Approval) (ops.EffectResult, error) { return fn(ctx, f.(ops.EffectFilter), a) })
+			func(ctx context.Context, f any, a ops.Approval) (ops.EffectResult, error) {
+				return fn(ctx, f.(ops.EffectFilter), a)
+			})
 	})
 }
 

@@ -109,6 +109,16 @@ func New(o *ops.Ops, cfg Config) (*Server, error) {
 	}
 	api.Handle("GET /metrics", opsauth.Require(opsauth.RoleViewer, promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	api.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		// A path of an endpoint with another method: 405, not 404.
+		for _, m := range []string{http.MethodGet, http.MethodPost} {
+			r2 := r.Clone(r.Context())
+			r2.Method = m
+			if _, pattern := api.Handler(r2); m != r.Method && pattern != "/api/" && pattern != "" {
+				w.Header().Set("Allow", m)
+				opsauth.WriteProblem(w, http.StatusMethodNotAllowed, "method not allowed", r.URL.Path+" takes "+m, "")
+				return
+			}
+		}
 		opsauth.WriteProblem(w, http.StatusNotFound, "no such endpoint", r.Method+" "+r.URL.Path+" is not part of /api/v1 (see /api/v1/openapi.json)", "")
 	})
 
