@@ -28,7 +28,8 @@ const (
 	// the slot: rows committed while it was down are skipped.
 	cdcBuildCurrentWAL = "cdc-start-from-current-wal"
 	// cdcBuildConfirmBeforeMark confirms a batch's LSN at the broker's ack,
-	// before the rows are marked sent (slow marks: 800ms flush interval):
+	// before the rows are marked sent (lazy marks: a 5s flush interval, longer
+	// than a killed relay lives, so its confirmed rows are never marked):
 	// a SIGKILL in between leaves published rows pending behind the slot.
 	cdcBuildConfirmBeforeMark = "cdc-confirm-before-mark"
 )
@@ -40,7 +41,7 @@ func cdcOptions(build string) []cdc.Option {
 	case cdcBuildCurrentWAL:
 		return []cdc.Option{cdc.WithFaults(cdc.Faults{StartFromCurrentWAL: true, NoReconcile: true})}
 	case cdcBuildConfirmBeforeMark:
-		return []cdc.Option{cdc.WithFaults(cdc.Faults{ConfirmBeforeMark: true, NoReconcile: true}), cdc.WithFlushInterval(800 * time.Millisecond)}
+		return []cdc.Option{cdc.WithFaults(cdc.Faults{ConfirmBeforeMark: true, NoReconcile: true}), cdc.WithFlushInterval(5 * time.Second)}
 	}
 	// The real relay; the reconciler at prove's patience rather than 10s.
 	return []cdc.Option{cdc.WithReconcileInterval(300 * time.Millisecond)}
