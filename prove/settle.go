@@ -35,6 +35,7 @@ func settle(ctx context.Context, e *env, cfg *config) {
 	}
 	var lastState string
 	lastChange := time.Now()
+	unsureRounds := 0
 	for ctx.Err() == nil && time.Now().Before(deadline) {
 		state, done, err := progressState(ctx, e)
 		if err != nil {
@@ -49,11 +50,17 @@ func settle(ctx context.Context, e *env, cfg *config) {
 		if state != lastState {
 			lastState, lastChange = state, time.Now()
 		} else if time.Since(lastChange) > stall {
-			owed, err := stillOwed(ctx, e)
-			if err != nil {
+			owed, unsure, err := stillOwed(ctx, e)
+			switch {
+			case err != nil:
 				e.rec.err(err)
-			} else if owed == 0 {
+			case owed == 0 && unsure == 0:
 				return // nothing missing can still arrive
+			case owed == 0 && unsureRounds >= maxUnsureRounds:
+				return // a queue that stays empty holds nothing unacked for ever
+			case owed == 0:
+				unsureRounds++
+				owed = unsure
 			}
 			e.prog.update("settling: %s; %d still held by the broker or the relay", state, owed)
 			lastChange = time.Now() // ask again after another stall period
@@ -96,10 +103,18 @@ func countInto(ctx context.Context, ex driver.Executor, q string, dst *int64, ar
 	return rows.Err()
 }
 
+// maxUnsureRounds bounds how many stall periods settle waits for events a
+// RabbitMQ queue may hold unacked (see stillOwed).
+const maxUnsureRounds = 4
+
 // stillOwed counts the committed events not yet handled that the pipeline
 // can still deliver: held by the broker for the consumer, or unsent in the
-// outbox while a relay will still send them.
-func stillOwed(ctx context.Context, e *env) (int, error) {
+// outbox while a relay will still send them. unsure counts, where the
+// broker gives only a ready count (RabbitMQ), the missing events it stored
+// beyond that count: they may sit unacked with a live consumer (a queue
+// cannot say; they return to ready when its channel closes) or have been
+// acked without being applied.
+func stillOwed(ctx context.Context, e *env) (owed, unsure int, err error) {
 	missing := map[string]bool{}
 	if err := scanRows(ctx, e.db.drv.Executor(), `SELECT b.event_id FROM prove_business b WHERE NOT EXISTS (SELECT 1 FROM prove_applied a WHERE a.event_id = b.event_id)
  AND NOT `+e.openParkedSQL(), func(s func(...any) error) error {
@@ -110,35 +125,41 @@ func stillOwed(ctx context.Context, e *env) (int, error) {
 		missing[id] = true
 		return nil
 	}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if len(missing) == 0 {
-		return 0, nil
+		return 0, 0, nil
 	}
 	unsent, err := unsentIDs(ctx, e)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	owedUnsent, err := e.unsentOwed(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	msgs, err := e.tr.readAll(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	owed, err := e.tr.owed(ctx, "prove", msgs)
+	held, err := e.tr.owed(ctx, "prove", msgs)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	t := &truth{unsent: unsent, unsentOwed: owedUnsent, owed: owed}
-	n := 0
+	t := &truth{unsent: unsent, unsentOwed: owedUnsent, owed: held}
+	stored := map[string]bool{}
+	for _, m := range msgs {
+		stored[m.EventID] = true
+	}
 	for id := range missing {
-		if t.stillOwed(id) {
-			n++
+		switch {
+		case t.stillOwed(id):
+			owed++
+		case held.ids == nil && stored[id] && !unsent[id]:
+			unsure++
 		}
 	}
-	return n, nil
+	return owed, unsure, nil
 }
 
 // stillOwed reports whether a committed event that was neither applied nor
