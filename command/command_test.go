@@ -233,7 +233,10 @@ func runSuite[TTx any](t *testing.T, newDriver func(t *testing.T) driver.Driver[
 	})
 }
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.Announce("command", testenv.Postgres)
+	goleak.VerifyTestMain(m)
+}
 
 // TestNegativeControlWithoutRunner runs the same 20 concurrent retries with
 // the command called directly: 20 orders and 20 events. It proves the

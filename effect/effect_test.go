@@ -47,6 +47,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
 		os.Exit(runCrashChild())
 	}
+	testenv.Announce("effect", testenv.Postgres)
 	goleak.VerifyTestMain(m)
 }
 

@@ -22,6 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.Announce("inbox", testenv.Postgres, testenv.NATS, testenv.RabbitMQ)
 	goleak.VerifyTestMain(m, append(testenv.KnownLibraryLeaks(),
 		// database/sql's connection opener and pgxpool's health check are
 		// the libraries' own, stopped by Close in cleanup.

@@ -21,6 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.Announce("relay", testenv.Postgres, testenv.NATS, testenv.RabbitMQ)
 	goleak.VerifyTestMain(m, testenv.KnownLibraryLeaks()...)
 }
 

@@ -15,6 +15,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.Announce("broker/natsjs", testenv.NATS)
 	goleak.VerifyTestMain(m, testenv.KnownLibraryLeaks()...)
 }
 

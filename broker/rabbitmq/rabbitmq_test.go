@@ -23,6 +23,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.Announce("broker/rabbitmq", testenv.RabbitMQ)
 	goleak.VerifyTestMain(m)
 }
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/ferryhq/ferry/internal/testenv"
 )
 
 // childEnv makes the test binary run the CLI instead of the tests: commands
@@ -22,5 +24,6 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	testenv.Announce("cmd/ferry", testenv.Postgres, testenv.NATS, testenv.RabbitMQ)
 	os.Exit(m.Run())
 }

@@ -21,6 +21,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
+	testenv.Announce("relay/cdc", testenv.Postgres)
 	goleak.VerifyTestMain(m, testenv.KnownLibraryLeaks()...)
 }
 

@@ -1,0 +1,13 @@
+package outbox
+
+import (
+	"os"
+	"testing"
+
+	"github.com/ferryhq/ferry/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	testenv.Announce("outbox", testenv.Postgres)
+	os.Exit(m.Run())
+}
