@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry"
@@ -375,6 +378,159 @@ func TestRowsDecodedBeforeVisible(t *testing.T) {
 			}
 			if !tc.wantAgree && len(bad) != len(committed) {
 				t.Errorf("old relay: %d of %d rows disagree, want all (every row was marked before it was visible)", len(bad), len(committed))
+			}
+		})
+	}
+}
+
+// lateStandby is a physical replication client named name that reports
+// each WAL position as flushed only delay after it received it: a
+// synchronous standby that releases commits late. It runs until ctx ends.
+func lateStandby(t *testing.T, ctx context.Context, url, name string, delay time.Duration) <-chan struct{} {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["replication"] = "true"
+	cfg.RuntimeParams["application_name"] = name
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := randName("ferry_late_")
+	if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "", pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.PhysicalReplication}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pglogrepl.StartReplication(ctx, conn, slot, sys.XLogPos, pglogrepl.StartReplicationOptions{Mode: pglogrepl.PhysicalReplication}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() { _ = conn.Close(context.Background()) }()
+		type seen struct {
+			at  time.Time
+			lsn pglogrepl.LSN
+		}
+		var queue []seen
+		var flushed pglogrepl.LSN
+		for ctx.Err() == nil {
+			rctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+			msg, err := conn.ReceiveMessage(rctx)
+			cancel()
+			if err == nil {
+				if cd, ok := msg.(*pgproto3.CopyData); ok && len(cd.Data) > 0 && cd.Data[0] == pglogrepl.XLogDataByteID {
+					if x, err := pglogrepl.ParseXLogData(cd.Data[1:]); err == nil {
+						queue = append(queue, seen{time.Now(), x.WALStart + pglogrepl.LSN(len(x.WALData))})
+					}
+				}
+			} else if !pgconn.Timeout(err) {
+				return
+			}
+			for len(queue) > 0 && time.Since(queue[0].at) >= delay {
+				flushed, queue = queue[0].lsn, queue[1:]
+			}
+			_ = pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+				WALWritePosition: flushed, WALFlushPosition: flushed, WALApplyPosition: flushed})
+		}
+	}()
+	return done
+}
+
+// TestMarkWaitsForVisibility: the relay's own wait, without the
+// reconciler. The producer's commit is released by a second synchronous
+// standby that acknowledges 300ms late (ANY 1 of the relay and it, and the
+// relay cannot acknowledge before its mark), so the relay decodes, publishes
+// and marks each row about 300ms before the row is visible. The mark finds
+// the row missing, waits, and marks it once visible: the table agrees with
+// the broker and nothing needed the reconciler. With NoVisibilityWait (the
+// old relay) the same run leaves the rows pending.
+func TestMarkWaitsForVisibility(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a Postgres cluster of its own")
+	}
+	pg := testenv.NewThrowawayPostgres(t, map[string]string{
+		"wal_level": "logical", "max_replication_slots": "8", "max_wal_senders": "8", "synchronous_commit": "local",
+	})
+	ctx := context.Background()
+	admin := poolFor(t, pg.URL)
+	if _, err := admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'ANY 1 (ferry_sync, ferry_late)'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "synchronous_standby_names reloaded", func() bool {
+		var v string
+		return admin.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&v) == nil && strings.Contains(v, "ferry_late")
+	})
+	sctx, stopStandby := context.WithCancel(ctx)
+	standbyDone := lateStandby(t, sctx, pg.URL, "ferry_late", 300*time.Millisecond)
+	defer func() { stopStandby(); <-standbyDone }()
+	for _, tc := range []struct {
+		name      string
+		faults    cdc.Faults
+		wantAgree bool
+	}{
+		{"wait", cdc.Faults{NoReconcile: true}, true},
+		{"old-relay", cdc.Faults{NoReconcile: true, NoVisibilityWait: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarnessOn(t, testenv.NewPostgresSchemaAt(t, pg.URL))
+			k := startKafka(t)
+			r, err := cdc.New(h.s.URL+"&application_name=ferry_sync", k.publisher(), h.relayOpts(cdc.WithFaults(tc.faults))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- r.Run(rctx) }()
+			defer func() { cancel(); <-done }()
+			waitFor(t, 30*time.Second, "relay streaming", func() bool { st := r.Status(); return st.Role == cdc.RoleActive && !st.CatchingUp })
+			conn, err := pgx.Connect(ctx, h.s.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if _, err := conn.Exec(ctx, `SET synchronous_commit = on`); err != nil {
+				t.Fatal(err)
+			}
+			var committed []ferry.Event
+			for i := range 5 {
+				tx, err := conn.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				evs, err := h.w.InsertTx(ctx, tx, event(fmt.Sprintf("o-%d", i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				began := time.Now()
+				if err := tx.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+				// The fixed relay cannot confirm before the row is visible,
+				// so the late standby releases the commit; the old relay
+				// marks (nothing), confirms and releases it at once.
+				if d := time.Since(began); tc.wantAgree && d < 250*time.Millisecond {
+					t.Fatalf("commit returned after %v: the late standby did not hold it", d)
+				}
+				committed = append(committed, evs...)
+			}
+			got := k.read(30*time.Second, allDelivered(committed))
+			time.Sleep(500 * time.Millisecond) // the last mark
+			bad := disagreements(committed, h.rowStates(ctx, h.s.Pool), got)
+			t.Logf("%s: %d committed, %d disagreements", tc.name, len(committed), len(bad))
+			switch {
+			case tc.wantAgree && len(bad) > 0:
+				t.Errorf("table disagrees with the broker: %s", strings.Join(bad, "; "))
+			case !tc.wantAgree && len(bad) == 0:
+				t.Errorf("old relay: every row agrees; the rows were visible before the mark and the test shows nothing")
 			}
 		})
 	}
