@@ -41,9 +41,16 @@
 // Each planned event is classified like a Jepsen checker: ok (applied once),
 // recovered (applied once after a fault touched it: republished,
 // redelivered, healed from a gap, reconciled), duplicated (applied more than
-// once), lost (committed, never applied nor parked), unknown (held in the
-// parked table for no planned reason) and unexpected (applied though it must
-// not be: rolled back, unauthorised, wrong schema, poison).
+// once), lost (committed, never applied nor parked, and nothing can still
+// deliver it), undelivered (committed, not applied nor parked when the
+// settle budget ran out, but still held by the broker for the consumer or
+// unsent with a relay that will send it: slow, not lost — read from the
+// broker: JetStream's ack floor, Kafka's committed offsets, a RabbitMQ
+// queue's depth), unknown (held in the parked table for no planned reason)
+// and unexpected (applied though it must not be: rolled back, unauthorised,
+// wrong schema, poison). A scenario settles until every committed event is
+// accounted for, or until the broker says nothing missing can still
+// arrive, or until its budget (WithDuration) is spent.
 //
 // # Fault injection
 //
