@@ -218,7 +218,7 @@ func TestProblemsNameTheField(t *testing.T) {
 		}
 	}
 	for body, field := range map[string]string{
-		`{"filter":{"limit":"ten"}}`: "filter.limit",
+		`{"filter":{"limit":"ten"}}`:                "filter.limit",
 		`{"filter":{},"approve":true,"reason":"x"}`: "filter",
 		`[1,2]`: "body",
 	} {

@@ -13,7 +13,7 @@ import (
 // their place after the timed ones of their event), each naming the table
 // it was read from. It only rearranges what ops.Evidence read.
 func (s *Server) timeline(ev ops.Evidence) []TimelineLine {
-	tbl := s.cfg.Tables.Name
+	tbl := func(base string) string { return strings.ReplaceAll(s.cfg.Tables.Name(base), `"`, "") }
 	out := []TimelineLine{}
 	if c := ev.Command; c != nil {
 		at := c.CreatedAt
