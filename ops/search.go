@@ -52,9 +52,9 @@ type OutboxQuery struct {
 type SearchPage[T any] struct {
 	Rows       []T    `json:"rows"`
 	NextCursor string `json:"next_cursor"`
-	// Order is "id desc" (newest first) or, for an aggregate, "id asc"
-	// (its sequence in order: one aggregate's rows are inserted in
-	// sequence order).
+	// Order is "id desc" (newest first), for an aggregate "id asc" (its
+	// sequence in order: one aggregate's rows are inserted in sequence
+	// order), for a time range alone "created_at desc, id desc".
 	Order string `json:"order"`
 }
 
@@ -121,9 +121,12 @@ func (o *Ops) SearchOutbox(ctx context.Context, q OutboxQuery) (SearchPage[Outbo
 	if err := q.check(); err != nil {
 		return SearchPage[OutboxMessage]{}, err
 	}
-	from, err := searchCursor(q.After)
-	if err != nil {
-		return SearchPage[OutboxMessage]{}, err
+	var from int64
+	if !strings.Contains(q.After, "_") {
+		var err error
+		if from, err = searchCursor(q.After); err != nil {
+			return SearchPage[OutboxMessage]{}, err
+		}
 	}
 	w := &where{}
 	if q.EventID != "" {
@@ -152,17 +155,29 @@ func (o *Ops) SearchOutbox(ctx context.Context, q OutboxQuery) (SearchPage[Outbo
 	if !q.Until.IsZero() {
 		w.add("created_at < ?", q.Until.UTC())
 	}
+	// A time range alone is read in created_at order from the
+	// (created_at, id) index, keyed by both: in id order the planner would
+	// walk the primary key until it reached the range.
+	byTime := (!q.Since.IsZero() || !q.Until.IsZero()) && q.EventID == "" && q.TenantID == "" && q.AggregateType == "" && q.CorrelationID == "" && q.Status == ""
 	asc := q.AggregateType != ""
 	order := "id DESC"
-	if asc {
+	switch {
+	case byTime:
+		order = "created_at DESC, id DESC"
+	case asc:
 		order = "id ASC"
 	}
-	if from > 0 {
-		if asc {
-			w.add("id > ?", from)
-		} else {
-			w.add("id < ?", from)
+	switch {
+	case byTime && q.After != "":
+		at, id, err := timeCursor(q.After)
+		if err != nil {
+			return SearchPage[OutboxMessage]{}, err
 		}
+		w.add("(created_at < ? OR (created_at = ? AND id < ?))", at, at, id)
+	case from > 0 && asc:
+		w.add("id > ?", from)
+	case from > 0:
+		w.add("id < ?", from)
 	}
 	limit := searchLimit(q.Limit)
 	rows, err := o.queryOutbox(ctx, o.db.Executor(), fmt.Sprintf(`SELECT %s FROM %s WHERE %s ORDER BY %s LIMIT %d`,
@@ -173,7 +188,11 @@ func (o *Ops) SearchOutbox(ctx context.Context, q OutboxQuery) (SearchPage[Outbo
 	p := SearchPage[OutboxMessage]{Order: strings.ToLower(order)}
 	if len(rows) > limit {
 		rows = rows[:limit]
-		p.NextCursor = strconv.FormatInt(rows[limit-1].ID, 10)
+		last := rows[limit-1]
+		p.NextCursor = strconv.FormatInt(last.ID, 10)
+		if byTime {
+			p.NextCursor = last.CreatedAt.UTC().Format(time.RFC3339Nano) + "_" + p.NextCursor
+		}
 	}
 	if rows == nil {
 		rows = []OutboxMessage{}
@@ -193,6 +212,17 @@ func (o *Ops) SearchOutboxSQL(q OutboxQuery) (string, []any, error) {
 		return "", nil, err
 	}
 	return sqlText, args, nil
+}
+
+// timeCursor reads the "<created_at>_<id>" cursor of a time-range page.
+func timeCursor(after string) (time.Time, int64, error) {
+	ts, idText, _ := strings.Cut(after, "_")
+	at, err1 := time.Parse(time.RFC3339Nano, ts)
+	id, err2 := strconv.ParseInt(idText, 10, 64)
+	if err1 != nil || err2 != nil || id <= 0 {
+		return time.Time{}, 0, &ArgError{Field: "after", Reason: fmt.Sprintf("not a cursor from an earlier page (next_cursor): %q", after)}
+	}
+	return at.UTC(), id, nil
 }
 
 // AuditFilter selects audit rows for AuditPage. Empty fields do not filter.

@@ -94,6 +94,21 @@ func TestSearchOutbox(t *testing.T) {
 		if n := len(all(ops.OutboxQuery{Since: now.Add(-time.Hour), Until: now.Add(time.Hour), Limit: 100})); n != 30 {
 			t.Fatalf("time range: %d", n)
 		}
+		// A time range alone pages by (created_at, id), newest first.
+		tr := all(ops.OutboxQuery{Since: now.Add(-time.Hour), Limit: 7})
+		seen := map[int64]bool{}
+		for i, m := range tr {
+			if seen[m.ID] {
+				t.Fatalf("time range: row %d twice", m.ID)
+			}
+			seen[m.ID] = true
+			if i > 0 && (m.CreatedAt.After(tr[i-1].CreatedAt) || (m.CreatedAt.Equal(tr[i-1].CreatedAt) && m.ID > tr[i-1].ID)) {
+				t.Fatalf("time range not newest first at %d", i)
+			}
+		}
+		if len(tr) != 30 {
+			t.Fatalf("time range pages: %d rows, want 30", len(tr))
+		}
 		if n := len(all(ops.OutboxQuery{Since: now.Add(time.Hour)})); n != 0 {
 			t.Fatalf("future window: %d", n)
 		}
