@@ -35,6 +35,7 @@ type message struct {
 	attempt  int              // attempts so far including this one
 	parkedID int64            // replays: the row being replayed
 	gated    bool             // entered in Run's idGate; left after processing
+	gateKey  string           // the key it entered under
 
 	// set by applyBatch
 	outcome Outcome

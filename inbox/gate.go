@@ -55,7 +55,7 @@ func (g *idGate) enter(ctx context.Context, m *message, w int) bool {
 		if e.worker == w {
 			e.n++
 			g.mu.Unlock()
-			m.gated = true
+			m.gated, m.gateKey = true, key
 			return true
 		}
 		if e.free == nil {
@@ -80,7 +80,7 @@ func (g *idGate) leave(msgs []*message) {
 			continue
 		}
 		m.gated = false
-		key := m.key()
+		key := m.gateKey
 		e := g.m[key]
 		if e == nil {
 			continue
