@@ -395,8 +395,8 @@ func ParsePolicy(b []byte) (*Policy, error) {
 	return &p, nil
 }
 
-// match returns the rule that approves plan, if any.
-func (p *Policy) match(plan Plan) (PolicyRule, bool) {
+// Match returns the rule that would approve plan, if any (nil: none).
+func (p *Policy) Match(plan Plan) (PolicyRule, bool) {
 	if p == nil || plan.More || plan.Rows == 0 {
 		return PolicyRule{}, false
 	}
@@ -468,7 +468,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending') RETURNING id`, o.t("
 	if err != nil {
 		return ApprovalRequest{}, err
 	}
-	if rule, ok := policy.match(now); ok {
+	if rule, ok := policy.Match(now); ok {
 		return o.decide(ctx, id, opsauth.Identity{Name: "policy:" + rule.Name, Role: opsauth.RoleOperator, Source: "policy"},
 			fmt.Sprintf("auto-approved by policy rule %q (%s, at most %d rows)", rule.Name, rule.Action, rule.MaxRows), true)
 	}

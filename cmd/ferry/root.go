@@ -31,7 +31,7 @@ FERRY_DATABASE_URL; a value the flag refuses is an error.`,
 		newRelayCmd(),
 		newProveCmd(),
 		newStatusCmd(), newDLQCmd(), newParkedCmd(), newReplayCmd(), newCleanupCmd(), newEvidenceCmd(), newEffectsCmd(),
-		newConsoleCmd(),
+		newConsoleCmd(), newMCPCmd(), newApprovalsCmd(),
 	)
 	refuseUnknownSubcommands(root)
 	return root
