@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/opsauth"
 )
 
@@ -632,7 +633,7 @@ func (o *Ops) finish(ctx context.Context, id int64, status, result string, audit
 		return nil
 	})
 	if err != nil {
-		o.cfg.log.ErrorContext(ctx, "ferry ops: record approval outcome", "approval_id", id, "status", status, "err", err)
+		o.cfg.log.ErrorContext(ctx, "ferry ops: record approval outcome", "approval_id", id, "status", status, logattr.Err(err))
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // Window is the replay/redelivery window that cleanup must not undercut.
@@ -305,7 +306,7 @@ func (o *Ops) RunCleanup(ctx context.Context, every time.Duration, opts CleanupO
 		case errors.Is(err, ErrRetentionTooShort), errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrReasonRequired), errors.Is(err, ErrActorRequired):
 			return err
 		case err != nil && ctx.Err() == nil:
-			o.cfg.log.WarnContext(ctx, "ferry cleanup failed", "err", err)
+			o.cfg.log.WarnContext(ctx, "ferry cleanup failed", logattr.Err(err))
 		case err == nil:
 			o.cfg.log.InfoContext(ctx, "ferry cleanup", "outbox", res.Outbox, "inbox", res.Inbox, "effects", res.Effects, "batches", res.Batches)
 		}

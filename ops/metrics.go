@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // Collector exports Status as Prometheus metrics (prefix ferry_ops_),
@@ -136,7 +138,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	st, err := c.o.Status(ctx)
 	if err != nil {
-		c.o.cfg.log.WarnContext(ctx, "ferry ops scrape failed", "err", err)
+		c.o.cfg.log.WarnContext(ctx, "ferry ops scrape failed", logattr.Err(err))
 	}
 	if err != nil && !errors.Is(err, ErrStatusIncomplete) {
 		g(c.up, 0)

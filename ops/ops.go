@@ -9,6 +9,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // DB is what ops needs from a store: a pool executor and transactions.
@@ -121,8 +122,10 @@ func WithTables(t ferry.Tables) Option { return func(c *config) { c.tables = t }
 // WithClock overrides time.Now (tests).
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
 
-// WithLogger sets the logger for actions (default slog.Default()). Logs
-// carry ids and counts, never payloads.
+// WithLogger sets the logger for actions. Without it (or with nil) Ops
+// logs to slog.Default() as it is when New runs, like every Ferry
+// component; pass slog.New(slog.DiscardHandler) to silence it. Logs carry
+// ids and counts, never payloads or secrets.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
 
 // WithMinimumWindow raises the replay window cleanup enforces. The
@@ -143,9 +146,7 @@ func New(db DB, opts ...Option) (*Ops, error) {
 	if err := cfg.tables.Check(); err != nil {
 		return nil, err
 	}
-	if cfg.log == nil {
-		cfg.log = slog.Default()
-	}
+	cfg.log = logattr.OrDefault(cfg.log)
 	if cfg.window.BrokerDedupWindow < 0 || cfg.window.InboxReplayHorizon < 0 {
 		return nil, &ArgError{Field: "window", Reason: "durations must be >= 0"}
 	}

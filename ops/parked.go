@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/inbox"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // ParkedFilter selects parked inbox messages. Empty fields do not filter;
@@ -452,7 +453,7 @@ func (o *Ops) ServeReplayRequests(ctx context.Context, r Replayer, every time.Du
 	defer t.Stop()
 	for {
 		if _, err := o.ProcessReplayRequests(ctx, r); err != nil && ctx.Err() == nil {
-			o.cfg.log.WarnContext(ctx, "ferry replay requests", "consumer", r.Name(), "err", err)
+			o.cfg.log.WarnContext(ctx, "ferry replay requests", "consumer", r.Name(), logattr.Err(err))
 		}
 		select {
 		case <-ctx.Done():
