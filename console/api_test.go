@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/ferryhq/ferry/console"
@@ -256,4 +259,39 @@ func TestLocalModeHostCheck(t *testing.T) {
 	if code != 403 {
 		t.Fatalf("foreign Host: %d %s", code, b)
 	}
+}
+
+// Request logs name the identity, never the token, and never a payload.
+func TestNoTokenOrPayloadInLogs(t *testing.T) {
+	var buf strings.Builder
+	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e := newEnv(t, "sqlite", console.Config{Logger: logger})
+	ev := event("o-1", "order.created")
+	ev.Payload = []byte(`{"card":"4111-SECRET"}`)
+	id := e.insert(t, ev)[0].ID.String()
+	call(t, e, "GET", "/api/v1/status", operatorToken, nil)
+	call(t, e, "GET", "/api/v1/status", "wrong-token-xyz", nil)
+	if code, b, _ := call(t, e, "POST", "/api/v1/outbox/"+id+"/reveal", operatorToken, map[string]any{"reason": "ticket 1"}); code != 200 || !strings.Contains(string(b), "4111-SECRET") {
+		t.Fatalf("reveal: %d %s", code, b)
+	}
+	logs := buf.String()
+	if !strings.Contains(logs, "identity=olivia") {
+		t.Fatalf("logs do not name the identity:\n%s", logs)
+	}
+	for _, secret := range []string{operatorToken, "wrong-token-xyz", "4111-SECRET"} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("logs contain %q:\n%s", secret, logs)
+		}
+	}
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

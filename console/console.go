@@ -16,6 +16,7 @@
 package console
 
 import (
+	"context"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -123,8 +124,9 @@ func New(o *ops.Ops, cfg Config) (*Server, error) {
 	})
 
 	mux := http.NewServeMux()
-	mux.Handle("/api/", opsauth.Middleware(cfg.Auth, api))
-	mux.Handle("GET /metrics", opsauth.Middleware(cfg.Auth, api))
+	authed := opsauth.Middleware(cfg.Auth, recordIdentity(api))
+	mux.Handle("/api/", authed)
+	mux.Handle("GET /metrics", authed)
 	mux.HandleFunc("GET /api/v1/openapi.json", s.openAPI)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	sub, err := fs.Sub(assetsFS, "assets")
@@ -219,13 +221,28 @@ func (s *Server) headers(next http.Handler) http.Handler {
 		h.Set("Cross-Origin-Opener-Policy", "same-origin")
 		rw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		start := time.Now()
-		next.ServeHTTP(rw, r)
-		who := ""
-		if id, ok := opsauth.FromContext(r.Context()); ok {
-			who = id.Name
-		}
+		info := &requestInfo{}
+		next.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
+		who := info.identity
 		// Path only: query strings may carry search terms; never headers.
 		s.log.DebugContext(r.Context(), "console request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "identity", who, "duration", time.Since(start))
+	})
+}
+
+// requestInfo carries what inner handlers learn (the identity) out to the
+// request log.
+type requestInfo struct{ identity string }
+
+type requestInfoKey struct{}
+
+func recordIdentity(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if info, ok := r.Context().Value(requestInfoKey{}).(*requestInfo); ok {
+			if id, ok := opsauth.FromContext(r.Context()); ok {
+				info.identity = id.Name
+			}
+		}
+		next.ServeHTTP(w, r)
 	})
 }
 
