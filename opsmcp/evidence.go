@@ -193,7 +193,7 @@ func ts(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 func (s *Server) report(e ops.EventEvidence, missing []string) EventReport {
 	t := s.cfg.Tables
-	r := EventReport{EventID: e.EventID, Summary: e.Summary}
+	r := EventReport{EventID: e.EventID}
 	outboxSrc := fmt.Sprintf("%s event_id=%s", tname(t, "outbox"), e.EventID)
 	// committed
 	switch {
@@ -307,7 +307,20 @@ func (s *Server) report(e ops.EventEvidence, missing []string) EventReport {
 		}
 		r.Effects = st
 	}
+	r.Summary = summary(r)
 	return r
+}
+
+// summary reads the four verdicts in one line.
+func summary(r EventReport) string {
+	part := func(name string, s Stage, counted string) string {
+		if s.Count > 0 && counted != "" {
+			return fmt.Sprintf("%s: %s (%s %d)", name, s.Verdict, counted, s.Count)
+		}
+		return name + ": " + s.Verdict
+	}
+	return strings.Join([]string{part("committed", r.Committed, ""), part("published", r.Published, "at least"),
+		part("applied_by", r.AppliedBy, "consumers"), part("effects", r.Effects, "succeeded")}, "; ")
 }
 
 func parkedFacts(e ops.EventEvidence, table string) []Fact {

@@ -238,6 +238,7 @@ func TestStdioEvidence(t *testing.T) {
 	for name, args := range map[string]map[string]any{
 		"whoami": {}, "status": {}, "find_events": {"aggregate_type": "order", "aggregate_id": placed.Result.OrderID},
 		"list_dead": {}, "list_parked": {"consumer": "billing"}, "list_effects": {}, "list_approvals": {},
+		"preview_action": {"action": "cleanup", "retention": "168h"},
 	} {
 		if _, res := call[map[string]any](t, cs, tools, name, args); res.IsError {
 			t.Fatalf("%s: %s", name, errText(res))

@@ -119,6 +119,8 @@ type PreviewIn struct {
 	Reason   string  `json:"reason,omitempty" jsonschema:"parked: gap, schema, unauthorized, poison, collision, undecodable"`
 	IDs      []int64 `json:"ids,omitempty" jsonschema:"parked: row ids"`
 	All      bool    `json:"all,omitempty" jsonschema:"act on every matching row although no other criterion is given"`
+	// Cleanup (preview only).
+	Retention string `json:"retention,omitempty" jsonschema:"cleanup: Go duration; counts the rows ferry cleanup --retention would delete (refused below the replay window)"`
 	Limit    int     `json:"limit,omitempty" jsonschema:"the plan covers at most this many rows, in id order (default 1000)"`
 }
 
@@ -310,6 +312,7 @@ func (s *Server) addTools(srv *mcp.Server, who whoFunc) {
 		for _, a := range ops.PlanActions {
 			p.Enum = append(p.Enum, a)
 		}
+		p.Enum = append(p.Enum, actionCleanup)
 	}
 	mcp.AddTool(srv, &mcp.Tool{Name: "preview_action", InputSchema: previewSchema, Annotations: readOnly("Preview an operator action"),
 		Description: "What an operator action would change, without changing anything: the row count, a sample, every row with its " +
@@ -317,10 +320,14 @@ func (s *Server) addTools(srv *mcp.Server, who whoFunc) {
 			"relay publishes them), dlq.discard (mark dead letters discarded, kept as evidence), outbox.replay (re-publish sent events " +
 			"with their ids; consumers' inboxes absorb duplicates), effects.requeue (failed effects run again with the same key), " +
 			"parked.replay and parked.release_gap (the consumer replays parked messages through its live checks). To act, pass the " +
-			"plan_hash to request_action; a human approves. Cleanup is not offered: run ferry cleanup (it has its own retention guard)."},
+			"plan_hash to request_action; a human approves. cleanup (with retention) only counts what ferry cleanup would delete, per " +
+			"table, and cannot be requested here: it deletes by age, so there is no fixed set of rows to approve (plan_hash is empty)."},
 		func(ctx context.Context, req *mcp.CallToolRequest, in PreviewIn) (*mcp.CallToolResult, PreviewOut, error) {
 			if _, err := who(req); err != nil {
 				return nil, PreviewOut{}, err
+			}
+			if in.Action == actionCleanup {
+				return s.previewCleanup(ctx, in)
 			}
 			spec, err := specOf(in)
 			if err != nil {
@@ -427,4 +434,24 @@ func specOf(in PreviewIn) (ops.ActionSpec, error) {
 		return spec, &ops.ArgError{Field: "action", Reason: fmt.Sprintf("must be one of %s, got %q", strings.Join(ops.PlanActions, ", "), in.Action)}
 	}
 	return spec, nil
+}
+
+const actionCleanup = "cleanup"
+
+// previewCleanup is ferry cleanup's dry run.
+func (s *Server) previewCleanup(ctx context.Context, in PreviewIn) (*mcp.CallToolResult, PreviewOut, error) {
+	d, err := duration("retention", in.Retention)
+	if err != nil {
+		return nil, PreviewOut{}, err
+	}
+	if d == 0 {
+		return nil, PreviewOut{}, &ops.ArgError{Field: "retention", Reason: "required for cleanup, e.g. 168h"}
+	}
+	res, err := s.cfg.Ops.Cleanup(ctx, ops.CleanupOptions{Retention: d}, ops.Approval{})
+	if err != nil {
+		return nil, PreviewOut{}, err
+	}
+	return nil, PreviewOut{Action: actionCleanup, Rows: res.Outbox + res.Discarded + res.Inbox + res.ResolvedParked + res.Effects,
+		PlanRows: []ops.PlanRow{}, Sample: res,
+		Note: "counts only (sample holds them per table); cleanup deletes by age and is not requestable through MCP: an operator runs ferry cleanup --retention … --approve"}, nil
 }
