@@ -121,7 +121,7 @@ type PreviewIn struct {
 	All      bool    `json:"all,omitempty" jsonschema:"act on every matching row although no other criterion is given"`
 	// Cleanup (preview only).
 	Retention string `json:"retention,omitempty" jsonschema:"cleanup: Go duration; counts the rows ferry cleanup --retention would delete (refused below the replay window)"`
-	Limit    int     `json:"limit,omitempty" jsonschema:"the plan covers at most this many rows, in id order (default 1000)"`
+	Limit     int    `json:"limit,omitempty" jsonschema:"the plan covers at most this many rows, in id order (default 1000)"`
 }
 
 // PreviewOut is a plan.
