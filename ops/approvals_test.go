@@ -150,6 +150,28 @@ func TestApprovalRefusedWhenRowsChanged(t *testing.T) {
 		if _, err := e.ops.RequestAction(ctx, plan2, agentID, "stale", nil); !errors.Is(err, ops.ErrPlanChanged) {
 			t.Fatalf("stale request: err %v, want ErrPlanChanged", err)
 		}
+		// Rejection: not by an agent; by a human, and nothing runs.
+		plan3, _ := e.ops.PreviewPlan(ctx, spec)
+		req3, err := e.ops.RequestAction(ctx, plan3, agentID, "retry both", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.ops.RejectRequest(ctx, req3.ID, agentID, "withdraw"); !errors.Is(err, ops.ErrNotApprovable) {
+			t.Fatalf("agent reject: %v", err)
+		}
+		before = snapshot(t, e, "outbox")
+		rej, err := e.ops.RejectRequest(ctx, req3.ID, humanID, "not now")
+		if err != nil || rej.Status != ops.ApprovalRejected || snapshot(t, e, "outbox") != before {
+			t.Fatalf("reject: %+v %v (or the outbox changed)", rej, err)
+		}
+
+		// Control: an approval without the plan check would run the first
+		// request's filter as is — which now retries 2 rows, one of which
+		// that request's plan (1 row) never covered.
+		res, err := e.ops.RetryDead(ctx, *spec.Outbox, approve)
+		if err != nil || res.Rows != 2 {
+			t.Fatalf("control: %+v %v, want the 2 rows the filter matches now (1 of them never previewed)", res, err)
+		}
 	})
 }
 
