@@ -1,12 +1,15 @@
 package opsmcp_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -261,5 +264,69 @@ func TestMCPRefusesUnsafeListen(t *testing.T) {
 	out, err := exec.Command(bin, "mcp", "--listen", "0.0.0.0:0", "--database-url", "sqlite:/nonexistent.db").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "--tokens-file") {
 		t.Fatalf("ferry mcp --listen 0.0.0.0:0: %v\n%s", err, out)
+	}
+}
+
+// TestMCPCommandHTTP: `ferry mcp --listen … --tokens-file …` as a process:
+// 401 without a token, tools listed with one.
+func TestMCPCommandHTTP(t *testing.T) {
+	bin := ferryBinary(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	dbPath := dir + "/ferry.db"
+	if out, err := exec.Command(bin, "migrate", "up", "--database-url", "sqlite:"+dbPath).CombinedOutput(); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, out)
+	}
+	tok, sha, err := opsauth.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf := dir + "/tokens.yaml"
+	if err := os.WriteFile(tf, []byte("tokens:\n  - name: claude\n    role: operator\n    agent: true\n    sha256: "+sha+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "mcp", "--listen", "127.0.0.1:0", "--tokens-file", tf, "--database-url", "sqlite:"+dbPath)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	})
+	sc := bufio.NewScanner(stderr)
+	var url string
+	for sc.Scan() {
+		if _, rest, ok := strings.Cut(sc.Text(), "ferry mcp on "); ok {
+			url = rest
+			break
+		}
+	}
+	if url == "" {
+		t.Fatal("ferry mcp did not say where it listens")
+	}
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	resp, err := http.Post(url, "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("no token: %d, want 401", resp.StatusCode)
+	}
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	cs, err := newClient().Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearer{tok, tr}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cs.Close() }()
+	tools := listTools(t, cs)
+	who, _ := call[opsmcp.WhoamiOut](t, cs, tools, "whoami", map[string]any{})
+	if who.Identity.Name != "claude" || !who.Identity.Agent {
+		t.Fatalf("identity %+v", who)
 	}
 }
