@@ -64,8 +64,7 @@ type ShardStatus struct {
 }
 
 // RelayStatus is one relay instance as its heartbeat and leases show it.
-// The breaker state is not stored in the tables; it is the relay's
-// ferry_relay_breaker_open metric.
+// The breaker state is the relay's ferry_relay_breaker_state metric.
 type RelayStatus struct {
 	InstanceID  string    `json:"instance_id"`
 	StartedAt   time.Time `json:"started_at"`
@@ -146,6 +145,9 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 			return err
 		},
 		SectionCDC: o.cdcStatus,
+		// Requests are listed by ListApprovals; status only checks the
+		// table is there.
+		SectionApprovals: func(context.Context, driver.Executor, time.Time, *Status) error { return nil },
 	}
 	for _, def := range sections {
 		if def.pgOnly && !o.pg() {
@@ -200,6 +202,9 @@ const (
 	SectionEffects = "effects" // open effect intents
 	SectionOps     = "ops"     // the replay window (ops_settings)
 	SectionCDC     = "cdc"     // CDC slots
+	// SectionApprovals: requested operator actions awaiting a human
+	// (ops_approvals); checked for installation only.
+	SectionApprovals = "approvals"
 )
 
 // Section states.
@@ -296,6 +301,8 @@ var sections = []sectionDef{
 		reset: func(st *Status, min Window) { st.Window = min }},
 	{name: SectionCDC, version: 6, migration: "0006_cdc", tables: []string{"cdc_slot"}, pgOnly: true,
 		reset: func(st *Status, _ Window) { st.CDC = nil }},
+	{name: SectionApprovals, version: 8, migration: "0008_approvals", tables: []string{"ops_approvals"},
+		reset: func(*Status, Window) {}},
 }
 
 // installed returns which of the sections' tables exist and which
