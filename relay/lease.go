@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // leaseLoop renews, rebalances and refreshes the gauges every TTL/3 until
@@ -21,7 +23,7 @@ func (r *Relay) leaseLoop(ctx context.Context) {
 			return
 		}
 		if err := r.leaseTick(ctx); err != nil && ctx.Err() == nil {
-			r.log.Warn("lease tick failed", "err", err)
+			r.log.WarnContext(ctx, "lease tick failed", logattr.Err(err))
 		}
 	}
 }
@@ -50,7 +52,7 @@ func (r *Relay) leaseTick(ctx context.Context) error {
 	if mismatched > 0 {
 		// Another relay runs with a different N: two deployments disagree,
 		// and sharing leases would break per-aggregate ownership. Own nothing.
-		r.log.Error("a live relay uses another shard count; owning no shards until it stops", "shard_count", r.cfg.shards)
+		r.log.ErrorContext(ctx, "a live relay uses another shard count; owning no shards until it stops", "shard_count", r.cfg.shards)
 		r.releaseExtras(ctx, -1)
 		return nil
 	}
@@ -62,7 +64,7 @@ func (r *Relay) leaseTick(ctx context.Context) error {
 	before := len(r.owned)
 	for s := range r.owned {
 		if _, ok := owned[s]; !ok {
-			r.log.Warn("lease lost", "shard", s)
+			r.log.WarnContext(ctx, "lease lost", "shard", s)
 		}
 	}
 	for s := range owned {
@@ -88,7 +90,7 @@ func (r *Relay) leaseTick(ctx context.Context) error {
 		r.mu.Lock()
 		for s, f := range got {
 			r.owned[s] = f
-			r.log.Info("lease acquired", "shard", s, "fence", f)
+			r.log.InfoContext(ctx, "lease acquired", "shard", s, "fence", f)
 		}
 		r.mu.Unlock()
 	}
@@ -139,13 +141,13 @@ func (r *Relay) releaseIdle(ctx context.Context) {
 	r.mu.Unlock()
 	for _, s := range idle {
 		if _, err := r.db.Executor().Exec(ctx, r.q.release, r.cfg.instance, s); err != nil {
-			r.log.Warn("release lease failed; retrying at the next tick", "shard", s, "err", err)
+			r.log.WarnContext(ctx, "release lease failed; retrying at the next tick", "shard", s, logattr.Err(err))
 			continue
 		}
 		r.mu.Lock()
 		delete(r.releasing, s)
 		r.mu.Unlock()
-		r.log.Info("lease released for rebalancing", "shard", s)
+		r.log.InfoContext(ctx, "lease released for rebalancing", "shard", s)
 	}
 }
 

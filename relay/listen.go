@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // listen holds a dedicated connection in LISTEN on the configured channel
@@ -23,7 +25,7 @@ func (r *Relay) listen(ctx context.Context) {
 		if connected {
 			delay = 100 * time.Millisecond // it worked for a while: start over
 		}
-		r.log.Warn("LISTEN connection lost; reconnecting", "channel", r.cfg.listenChannel, "err", err, "retry_in", delay)
+		r.log.WarnContext(ctx, "LISTEN connection lost; reconnecting", "channel", r.cfg.listenChannel, logattr.Err(err), "retry_in", delay)
 		if !sleep(ctx, delay) {
 			return
 		}

@@ -174,8 +174,12 @@ func WithListener(pool *pgxpool.Pool, channel string) Option {
 	return func(c *config) { c.listenPool, c.listenChannel = pool, channel }
 }
 
-// WithLogger sets the logger (default: discard). Logs carry event ids,
-// aggregates, attempts and the instance id, never payloads.
+// WithLogger sets the logger. Without it (or with nil) the relay logs to
+// slog.Default() as it is when New runs, like every Ferry component; pass
+// slog.New(slog.DiscardHandler) to silence it. Logs carry event ids,
+// aggregates, attempts and the instance id, never payloads or secrets;
+// each line is written with the context of its work (a batch's outcome
+// with its "send" span's), so a handler can attach trace ids.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithRegisterer registers the relay's metrics (see docs/RELAY.md) on r.

@@ -16,6 +16,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // DB is what the relay needs from a store: the dialect, statements on the
@@ -183,9 +184,7 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 	if cfg.tracer == nil {
 		cfg.tracer = otel.GetTracerProvider().Tracer(tracerName)
 	}
-	if cfg.logger == nil {
-		cfg.logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.logger = logattr.OrDefault(cfg.logger)
 	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, queryOpts{noFence: cfg.noFence, syncMarks: cfg.syncMarks})
 	if err != nil {
 		return nil, err
@@ -307,7 +306,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.m.ownedShards.Set(0)
 	r.crashed.Store(false)
 	if errors.Is(workerErr, ErrFaultInjected) {
-		r.log.Warn("relay stopped by fault hook; leases kept as after a crash", "err", workerErr)
+		r.log.WarnContext(ctx, "relay stopped by fault hook; leases kept as after a crash", logattr.Err(workerErr))
 		return workerErr
 	}
 	// Graceful: hand the shards over now instead of after the TTL.
@@ -317,9 +316,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	_, err1 := exec.Exec(rctx, r.q.releaseAll, r.cfg.instance)
 	_, err2 := exec.Exec(rctx, r.q.deleteSelf, r.cfg.instance)
 	if err := errors.Join(err1, err2); err != nil {
-		r.log.Warn("release leases at shutdown failed; they expire after the TTL", "err", err)
+		r.log.WarnContext(ctx, "release leases at shutdown failed; they expire after the TTL", logattr.Err(err))
 	} else {
-		r.log.Info("relay stopped; leases released")
+		r.log.InfoContext(ctx, "relay stopped; leases released")
 	}
 	return workerErr
 }
@@ -403,7 +402,7 @@ func (r *Relay) start(ctx context.Context) error {
 	if err := r.leaseTick(ctx); err != nil {
 		return err
 	}
-	r.log.Info("relay started", "shard_count", r.cfg.shards, "owned_shards", len(r.Status().OwnedShards), "batch_size", r.cfg.batch)
+	r.log.InfoContext(ctx, "relay started", "shard_count", r.cfg.shards, "owned_shards", len(r.Status().OwnedShards), "batch_size", r.cfg.batch)
 	return nil
 }
 

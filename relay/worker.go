@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/otelferry"
 )
 
@@ -70,7 +72,7 @@ func (r *Relay) work(ctx context.Context, w int) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				r.log.Warn("relay cycle failed", "err", err)
+				r.log.WarnContext(ctx, "relay cycle failed", logattr.Err(err))
 				break
 			}
 			if !more || ctx.Err() != nil {
@@ -128,7 +130,7 @@ func (r *Relay) probe(ctx context.Context) bool {
 			r.Notify() // resume now; helpers join if there is a backlog
 			return true
 		}
-		r.log.Debug("broker probe failed", "err", sanitize(err), "next_probe", min(2*d, r.cfg.probeMax))
+		r.log.DebugContext(ctx, "broker probe failed", slog.String(logattr.ErrKey, sanitize(err)), "next_probe", min(2*d, r.cfg.probeMax))
 		d = min(2*d, r.cfg.probeMax)
 	}
 }
@@ -324,7 +326,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 			sent = append(sent, sentRow{ID: c.id, Fence: c.fence, Receipt: res.Receipt.String()})
 			sentIdx = append(sentIdx, i)
 			if was, d := r.missing.ok(c.ev.Topic, now); was {
-				r.log.Info("destination exists again; held events are being published", "destination", c.ev.Topic, "missing_for", d.Round(time.Millisecond))
+				r.log.InfoContext(pctx, "destination exists again; held events are being published", "destination", c.ev.Topic, "missing_for", d.Round(time.Millisecond))
 			}
 			continue
 		}
@@ -392,8 +394,8 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		cancel()
 		if perr != nil {
 			r.setBreaker(BreakerOpen)
-			r.log.Warn("broker unreachable; breaker open, attempts not charged",
-				"failed_rows", transient, "err", sanitize(perr))
+			r.log.WarnContext(pctx, "broker unreachable; breaker open, attempts not charged",
+				"failed_rows", transient, slog.String(logattr.ErrKey, sanitize(perr)))
 			kept := failed[:0]
 			keptIdx := failedIdx[:0]
 			for j, fr := range failed {
@@ -417,9 +419,9 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		return nil
 	}
 	for dest, h := range held {
-		r.log.Warn("destination missing on the broker: events held, no attempt charged, never dead; create it (or fix the routing)",
+		r.log.WarnContext(pctx, "destination missing on the broker: events held, no attempt charged, never dead; create it (or fix the routing)",
 			"alert", "destination_missing", "destination", dest, "held_rows", h.rows,
-			"retry_in", h.delay.Round(time.Millisecond), "err", h.err)
+			"retry_in", h.delay.Round(time.Millisecond), slog.String(logattr.ErrKey, h.err))
 	}
 	for j, fr := range failed {
 		c := &batch[failedIdx[j]]
@@ -433,11 +435,11 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		if fr.Dead {
 			r.dead.Add(1)
 			r.m.deadTotal.Inc()
-			r.log.Error("event dead-lettered", append(attrs, "dead_policy", string(r.cfg.deadPolicy))...)
+			r.log.ErrorContext(pctx, "event dead-lettered", append(attrs, "dead_policy", string(r.cfg.deadPolicy))...)
 		} else {
 			r.retries.Add(1)
 			r.m.retries.Inc()
-			r.log.Warn("publish failed; retrying later", append(attrs, "retry_in", time.Duration(fr.Delay*float64(time.Second)).Round(time.Millisecond))...)
+			r.log.WarnContext(pctx, "publish failed; retrying later", append(attrs, "retry_in", time.Duration(fr.Delay*float64(time.Second)).Round(time.Millisecond))...)
 		}
 	}
 	return nil
