@@ -60,7 +60,7 @@ type env struct {
 	pg      *testenv.PostgresSchema
 }
 
-func newEnv(t *testing.T, dialect string, cfg console.Config) *env {
+func newEnv(t testing.TB, dialect string, cfg console.Config) *env {
 	t.Helper()
 	if dialect == "postgres" {
 		s := testenv.NewPostgresSchema(t)
@@ -72,7 +72,7 @@ func newEnv(t *testing.T, dialect string, cfg console.Config) *env {
 	return setup(t, dialect, databasesql.New(db, driver.SQLite), cfg)
 }
 
-func setup[TTx any](t *testing.T, name string, drv driver.Driver[TTx], cfg console.Config) *env {
+func setup[TTx any](t testing.TB, name string, drv driver.Driver[TTx], cfg console.Config) *env {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
