@@ -173,7 +173,15 @@ func (o *Ops) SearchOutbox(ctx context.Context, q OutboxQuery) (SearchPage[Outbo
 		if err != nil {
 			return SearchPage[OutboxMessage]{}, err
 		}
-		w.add("(created_at < ? OR (created_at = ? AND id < ?))", at, at, id)
+		var atArg any = at
+		if !o.pg() {
+			// SQLite stores created_at as text in strftime's format
+			// (always three fraction digits); a time.Time argument is
+			// rendered with trailing zeros trimmed (.12 for .120), which
+			// compares as text out of order. Compare like with like.
+			atArg = at.Format(sqliteTimeLayout)
+		}
+		w.add("(created_at < ? OR (created_at = ? AND id < ?))", atArg, atArg, id)
 	case from > 0 && asc:
 		w.add("id > ?", from)
 	case from > 0:
@@ -213,6 +221,10 @@ func (o *Ops) SearchOutboxSQL(q OutboxQuery) (string, []any, error) {
 	}
 	return sqlText, args, nil
 }
+
+// sqliteTimeLayout is how SQLite's created_at default (strftime
+// '%Y-%m-%d %H:%M:%f+00:00') writes a time.
+const sqliteTimeLayout = "2006-01-02 15:04:05.000+00:00"
 
 // timeCursor reads the "<created_at>_<id>" cursor of a time-range page.
 func timeCursor(after string) (time.Time, int64, error) {

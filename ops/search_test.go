@@ -109,6 +109,24 @@ func TestSearchOutbox(t *testing.T) {
 		if len(tr) != 30 {
 			t.Fatalf("time range pages: %d rows, want 30", len(tr))
 		}
+		// Ties and times whose milliseconds end in 0 (SQLite keeps them as
+		// text, "…00.120+00:00"): still every row once, in order.
+		base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		for i, ev := range got {
+			at := base.Add(time.Duration(i/3) * 10 * time.Millisecond).Format("2006-01-02 15:04:05.000+00:00")
+			mustExec(t, e, fmt.Sprintf(`UPDATE %s SET created_at = $1 WHERE event_id = $2`, tn("outbox")), at, ev.ID.String())
+		}
+		tied := all(ops.OutboxQuery{Since: base.Add(-time.Hour), Until: base.Add(time.Hour), Limit: 4})
+		ids := map[int64]bool{}
+		for i, m := range tied {
+			if ids[m.ID] || (i > 0 && (m.CreatedAt.After(tied[i-1].CreatedAt) || (m.CreatedAt.Equal(tied[i-1].CreatedAt) && m.ID > tied[i-1].ID))) {
+				t.Fatalf("tied time range: row %d at %d repeated or out of order", m.ID, i)
+			}
+			ids[m.ID] = true
+		}
+		if len(tied) != 30 {
+			t.Fatalf("tied time range pages: %d rows, want 30", len(tied))
+		}
 		if n := len(all(ops.OutboxQuery{Since: now.Add(time.Hour)})); n != 0 {
 			t.Fatalf("future window: %d", n)
 		}
