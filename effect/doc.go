@@ -39,7 +39,12 @@
 // mid-call leaves evidence that the call may have happened; the next worker
 // to claim the row after the lease expires treats it as unknown and
 // reconciles. An unknown intent is never executed again before a status
-// query answered "not found": that is G5.
+// query answered "not found": that is G5. That status query is not sent
+// before the attempt's lease has run out, not even by a live worker whose
+// call timed out: until then the attempt's request may still be on its way
+// to the provider, and a "not found" would be premature. A provider that
+// does not deduplicate by key must also refuse requests that arrive after
+// their deadline (the call context's deadline); see docs/EFFECTS.md.
 //
 // # Protection against retry storms
 //

@@ -722,11 +722,12 @@ func TestMetricsAndUnknownAge(t *testing.T) {
 	if n, err := w.Work(ctx); err != nil || n != 1 {
 		t.Fatalf("work: %d %v", n, err)
 	}
-	advance(time.Second)
+	// The first status query waits out the attempt's lease (30s).
+	advance(31 * time.Second)
 	if n, err := w.Work(ctx); err != nil || n != 1 { // reconcile: still unknown
 		t.Fatalf("work: %d %v", n, err)
 	}
-	advance(89 * time.Second)
+	advance(59 * time.Second)
 	if err := w.RefreshStats(ctx); err != nil {
 		t.Fatal(err)
 	}

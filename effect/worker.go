@@ -465,7 +465,8 @@ func (w *Worker) execute(ctx, bg context.Context, t *targetState, r row, log *sl
 	now := w.now().UTC()
 	// The attempt is committed before the call: if we die during the call,
 	// the next worker finds it in_flight and reconciles instead of retrying.
-	n, err := w.db.Executor().Exec(bg, w.sql.start, r.id, r.owner, now.Add(w.cfg.lease), now)
+	leaseEnd := now.Add(w.cfg.lease)
+	n, err := w.db.Executor().Exec(bg, w.sql.start, r.id, r.owner, leaseEnd, now)
 	if err != nil || n != 1 {
 		log.Warn("effect: lost the intent before the call; not executing", "err", err, "rows", n)
 		return
@@ -518,7 +519,17 @@ func (w *Worker) execute(ctx, bg context.Context, t *targetState, r row, log *sl
 		t.breaker.record(now, false)
 		w.m.attempts.WithLabelValues(in.Target, "unknown").Inc()
 		log.Info("effect outcome unknown; will reconcile before any new attempt", "attempt", in.Attempt)
+		// No status query before the attempt's lease has run out. A call
+		// that timed out may have left a request still on its way to the
+		// provider; a status query sent now could answer "not found" and
+		// the intent be executed again, and then the first request lands:
+		// two charges. The lease ends at least (lease − call timeout)/2
+		// after the call's deadline — the same point at which a takeover
+		// reconciles the attempt of a worker that died.
 		next := now.Add(w.backoff(0))
+		if next.Before(leaseEnd) {
+			next = leaseEnd
+		}
 		if _, err := w.db.Executor().Exec(bg, w.sql.unknown, r.id, r.owner, next, truncate(execErr.Error(), MaxSummaryBytes), 0, now); err != nil {
 			log.Warn("effect: could not record unknown outcome; lease expiry will mark it unknown", "err", err)
 		}

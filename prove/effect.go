@@ -27,6 +27,9 @@ type fakeProvider struct {
 	// caller, responses being held right now.
 	cut  map[string]bool
 	held map[string]int
+	// late counts charge requests refused because they arrived after
+	// their call's deadline (over HTTP: X-Prove-Deadline).
+	late int
 }
 
 func newFakeProvider() *fakeProvider {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -35,10 +36,18 @@ import (
 //
 //	POST /charges   Idempotency-Key, X-Prove-Event, X-Prove-Worker headers → 200, X-Charge-Id
 //	GET  /charges?key=K                                                    → 200 (charged) | 404
+//
+// X-Prove-Deadline carries the call's deadline (Unix nanoseconds): the
+// provider never applies a charge after it. A provider that does not
+// deduplicate by key must make that promise, or a request delayed on its
+// way could land after a status query answered "not found" and the intent
+// was executed again. The worker queries status only once the attempt's
+// lease, which ends well after the call's deadline, has run out.
 const (
-	hdrProveEvent  = "X-Prove-Event"
-	hdrProveWorker = "X-Prove-Worker"
-	hdrChargeID    = "X-Charge-Id"
+	hdrProveEvent    = "X-Prove-Event"
+	hdrProveWorker   = "X-Prove-Worker"
+	hdrProveDeadline = "X-Prove-Deadline"
+	hdrChargeID      = "X-Charge-Id"
 )
 
 // providerDelay is how long the provider holds a charge's response after
@@ -102,8 +111,19 @@ func (s *providerServer) charge(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "Idempotency-Key and X-Prove-Event are required", http.StatusBadRequest)
 		return
 	}
+	var deadline time.Time
+	if d, err := strconv.ParseInt(r.Header.Get(hdrProveDeadline), 10, 64); err == nil {
+		deadline = time.Unix(0, d)
+	}
 	p := s.p
 	p.mu.Lock()
+	if !deadline.IsZero() && time.Now().After(deadline) {
+		// The caller has given up on this request: never apply it late.
+		p.late++
+		p.mu.Unlock()
+		http.Error(w, "deadline passed", http.StatusGatewayTimeout)
+		return
+	}
 	p.calls++
 	p.charges[ev]++
 	p.byRef[ref] = true
@@ -175,6 +195,9 @@ func (e *env) runHTTPEffects(ctx context.Context, id, providerURL string, blindR
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(hdrProveEvent, in.EventID.String())
 		req.Header.Set(hdrProveWorker, id)
+		if d, ok := ctx.Deadline(); ok {
+			req.Header.Set(hdrProveDeadline, strconv.FormatInt(d.UnixNano(), 10))
+		}
 		return req, nil
 	}
 	client, err := effecthttp.New(build, effecthttp.WithStatusURL(providerURL+"/charges?key={key}"),
@@ -462,6 +485,7 @@ func checkEffectSigkill(e *env, f *Figures, t *truth) []string {
 	for ref, n := range e.provider.found {
 		found[ref] = n
 	}
+	late := e.provider.late
 	e.provider.mu.Unlock()
 	paid, missing, noRow := 0, 0, 0
 	for id, ev := range e.plan.events {
@@ -506,8 +530,9 @@ func checkEffectSigkill(e *env, f *Figures, t *truth) []string {
 		v = append(v, "no reconciliation ran")
 	}
 	e.extraNote = fmt.Sprintf("%d paid orders, %d kills (%d aimed at a held response; %d with intents open; in flight at the dead worker: %v); "+
-		"%d charges applied with the response never read, %d intents found charged by a status query, %d ledger rows reconciled",
-		paid, len(kills), aimed, busy, inFlightList(kills), len(cut), len(found), reconciled)
+		"%d charges applied with the response never read, %d intents found charged by a status query, %d ledger rows reconciled, "+
+		"%d charge requests refused as arriving after their call's deadline",
+		paid, len(kills), aimed, busy, inFlightList(kills), len(cut), len(found), reconciled, late)
 	return v
 }
 
