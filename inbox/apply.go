@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // errNeedSavepoints: the optimistic pass of a batch hit a message that
@@ -53,7 +55,7 @@ func (ib *Inbox[TTx]) process(ctx context.Context, msgs []*message) error {
 				m.outcome, m.errText, m.delay = OutcomeRetry, err.Error(), ib.retryDelay(m, false)
 			}
 		}
-		ib.log.WarnContext(ctx, "inbox transaction failed; messages will be redelivered", "messages", len(msgs), "error", sanitize(err.Error(), maxErrorBytes))
+		ib.log.WarnContext(ctx, "inbox transaction failed; messages will be redelivered", "messages", len(msgs), slog.String(logattr.ErrKey, sanitize(err.Error(), maxErrorBytes)))
 	}
 	if err == nil {
 		ib.count(msgs, tally)
@@ -114,7 +116,7 @@ func (ib *Inbox[TTx]) settle(ctx context.Context, m *message) {
 	if m.outcome == OutcomeRetry {
 		if m.d.Nack != nil {
 			if err := m.d.Nack(ctx, m.delay); err != nil {
-				ib.log.WarnContext(ctx, "nack failed; the broker will redeliver after its ack wait", "event_id", m.ev.ID, "error", err)
+				ib.log.WarnContext(ctx, "nack failed; the broker will redeliver after its ack wait", "event_id", m.ev.ID, logattr.Err(err))
 			}
 		}
 		return
@@ -125,7 +127,7 @@ func (ib *Inbox[TTx]) settle(ctx context.Context, m *message) {
 	if m.d.Ack != nil {
 		if err := m.d.Ack(ctx); err != nil {
 			ib.m.ackErrors.Inc()
-			ib.log.WarnContext(ctx, "ack failed after commit; the redelivery will be absorbed as a duplicate", "event_id", m.ev.ID, "error", err)
+			ib.log.WarnContext(ctx, "ack failed after commit; the redelivery will be absorbed as a duplicate", "event_id", m.ev.ID, logattr.Err(err))
 		}
 	}
 }
@@ -295,12 +297,12 @@ func (ib *Inbox[TTx]) finishFailure(ctx context.Context, exec driver.Executor, m
 	m.attempt = attempt
 	if errors.Is(res.err, ErrPermanent) || attempt >= ib.cfg.maxAttempts {
 		ib.log.WarnContext(ctx, "handler failed; parked as poison", "event_id", m.ev.ID, "attempts", attempt,
-			"permanent", errors.Is(res.err, ErrPermanent), "error", sanitize(res.err.Error(), maxErrorBytes))
+			"permanent", errors.Is(res.err, ErrPermanent), slog.String(logattr.ErrKey, sanitize(res.err.Error(), maxErrorBytes)))
 		return ib.parkLive(ctx, exec, m, ReasonPoison, res.err.Error(), nil)
 	}
 	m.outcome, m.errText, m.delay = OutcomeRetry, res.err.Error(), ib.retryDelay(m, false)
 	ib.log.InfoContext(ctx, "handler failed; will be redelivered", "event_id", m.ev.ID, "attempt", attempt, "delay", m.delay,
-		"error", sanitize(res.err.Error(), maxErrorBytes))
+		slog.String(logattr.ErrKey, sanitize(res.err.Error(), maxErrorBytes)))
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // Inbox is one named consumer: it applies events through a [Handler] in the
@@ -85,10 +86,7 @@ func New[TTx any](drv driver.Driver[TTx], name string, handler Handler[TTx], opt
 	if err != nil {
 		return nil, err
 	}
-	log := cfg.logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := logattr.OrDefault(cfg.logger)
 	ib := &Inbox[TTx]{drv: drv, name: name, handler: handler, cfg: cfg, q: q,
 		log: log.With("consumer", name), attempts: attemptTracker{m: map[string]int{}}}
 	ib.m, err = newMetrics(name, cfg.registerer, ib.collectGauges)

@@ -232,8 +232,11 @@ func WithLimits[TTx any](l ferry.Limits) Option[TTx] {
 	return func(c *config[TTx]) { c.limits = l }
 }
 
-// WithLogger sets the logger (default slog.Default()). Logs carry ids,
-// never payloads.
+// WithLogger sets the logger. Without it (or with nil) the inbox logs to
+// slog.Default() as it is when New runs, like every Ferry component; pass
+// slog.New(slog.DiscardHandler) to silence it. Logs carry ids, never
+// payloads or secrets, and are written with the context of the work
+// (derived from the one Run was given), so a handler can attach trace ids.
 func WithLogger[TTx any](l *slog.Logger) Option[TTx] {
 	return func(c *config[TTx]) { c.logger = l }
 }

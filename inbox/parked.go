@@ -5,12 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // Parked is a message the inbox kept instead of applying or dropping.
@@ -313,7 +315,7 @@ func (ib *Inbox[TTx]) replayParked(ctx context.Context, txv TTx, tx driver.Tx, p
 	if err != nil {
 		// A successor that cannot be replayed now stays parked; the heal
 		// sweep or an operator tries again. The outer message is unaffected.
-		ib.log.WarnContext(ctx, "parked successor not applied", "parked_id", p.ID, "event_id", p.Event.ID, "error", sanitize(err.Error(), maxErrorBytes))
+		ib.log.WarnContext(ctx, "parked successor not applied", "parked_id", p.ID, "event_id", p.Event.ID, slog.String(logattr.ErrKey, sanitize(err.Error(), maxErrorBytes)))
 		return false, 0, nil
 	}
 	return done, seq, nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // Run consumes from c until ctx is cancelled or c fails, applying each
@@ -47,7 +48,7 @@ func (ib *Inbox[TTx]) Run(ctx context.Context, c broker.Consumer) error {
 	onFault := func(err error) {
 		faultOnce.Do(func() {
 			fault = err
-			ib.log.Error("fault injected: stopping without ack", "error", err)
+			ib.log.ErrorContext(ctx, "fault injected: stopping without ack", logattr.Err(err))
 			stopWork()
 			stopIntake(err)
 		})
@@ -94,7 +95,7 @@ func (ib *Inbox[TTx]) Run(ctx context.Context, c broker.Consumer) error {
 	select {
 	case <-drained:
 	case <-timer.C:
-		ib.log.Warn("drain timeout: rolling back in-flight transactions", "timeout", ib.cfg.drainTimeout)
+		ib.log.WarnContext(ctx, "drain timeout: rolling back in-flight transactions", "timeout", ib.cfg.drainTimeout)
 		stopWork()
 		<-drained
 	}
@@ -189,9 +190,9 @@ func (ib *Inbox[TTx]) healLoop(intake, work context.Context) {
 			return
 		case <-t.C:
 			if n, err := ib.HealGaps(work); err != nil {
-				ib.log.Warn("heal sweep failed", "error", err)
+				ib.log.WarnContext(intake, "heal sweep failed", logattr.Err(err))
 			} else if n > 0 {
-				ib.log.Info("heal sweep applied parked gap successors", "resolved", n)
+				ib.log.InfoContext(intake, "heal sweep applied parked gap successors", "resolved", n)
 			}
 		}
 	}
