@@ -34,6 +34,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/ops"
 	"github.com/ferryhq/ferry/opsauth"
 )
@@ -60,7 +61,10 @@ type Config struct {
 	// MaxBody bounds request bodies (default DefaultMaxBody).
 	MaxBody int64
 	// Logger logs requests by method, path, status and identity name —
-	// never a token or a body. Default slog.Default().
+	// never a token or a body — with the request's context, so a handler
+	// can attach trace ids. Nil means slog.Default() as it is when New
+	// runs, like every Ferry component; slog.New(slog.DiscardHandler)
+	// silences it.
 	Logger *slog.Logger
 	// LoopbackHostsOnly refuses requests whose Host header is not a
 	// loopback name or address (403): with opsauth.Local there is no
@@ -91,9 +95,7 @@ func New(o *ops.Ops, cfg Config) (*Server, error) {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Logger = logattr.OrDefault(cfg.Logger)
 	s := &Server{o: o, cfg: cfg, log: cfg.Logger}
 	s.routes = s.apiRoutes()
 
@@ -329,7 +331,7 @@ func (s *Server) action(next http.Handler) http.Handler {
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	if _, err := s.o.ReplayWindow(r.Context()); err != nil && !errors.Is(err, ops.ErrNotFound) {
-		s.log.WarnContext(r.Context(), "console healthz: database unreachable", "error", err)
+		s.log.WarnContext(r.Context(), "console healthz: database unreachable", logattr.Err(err))
 		opsauth.WriteProblem(w, http.StatusServiceUnavailable, "database unreachable", "", "")
 		return
 	}
@@ -370,7 +372,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, ops.ErrUnsupported):
 		opsauth.WriteProblem(w, http.StatusConflict, "not installed", err.Error(), "")
 	default:
-		s.log.ErrorContext(r.Context(), "console request failed", "method", r.Method, "path", r.URL.Path, "error", err)
+		s.log.ErrorContext(r.Context(), "console request failed", "method", r.Method, "path", r.URL.Path, logattr.Err(err))
 		opsauth.WriteProblem(w, http.StatusInternalServerError, "internal error", strings.SplitN(err.Error(), "\n", 2)[0], "")
 	}
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/ops"
 	"github.com/ferryhq/ferry/opsauth"
 )
@@ -51,7 +52,11 @@ type Config struct {
 	Runbooks   string
 	// Version is reported to clients.
 	Version string
-	Logger  *slog.Logger
+	// Logger logs actions requested through MCP by ids and counts, never
+	// a token or a payload. Nil means slog.Default() as it is when New
+	// runs, like every Ferry component; slog.New(slog.DiscardHandler)
+	// silences it.
+	Logger *slog.Logger
 	// PlanTTL is how long a preview's plan can be requested (default 1h).
 	PlanTTL time.Duration
 }
@@ -78,10 +83,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Version == "" {
 		cfg.Version = "dev"
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := logattr.OrDefault(cfg.Logger)
 	return &Server{cfg: cfg, plans: &planCache{ttl: cfg.PlanTTL, m: map[string]cachedPlan{}}, log: log}, nil
 }
 
