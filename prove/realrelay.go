@@ -14,9 +14,23 @@ import (
 	"github.com/ferryhq/ferry/relay"
 )
 
-// relayTTL is the lease TTL prove gives relays: short, so takeovers after
-// a crash or a stall happen within a test's patience (the relay's floor).
-const relayTTL = 300 * time.Millisecond
+// relayTTL is the lease TTL prove gives relays. It must exceed the worst
+// gap between a live relay's renewals, or the relay's own marks are fenced
+// over and over and its rows stay pending while it republishes them: the
+// scenarios test crash safety and fencing, not how fast a dead relay's
+// shards are taken over. On SQLite (one writer at a time) a renewal waits
+// for every other writer's lock; under the race detector (modernc SQLite is
+// instrumented Go) on a loaded machine the gap between one relay's
+// renewals was measured at p50 1.6 s, max 12.9 s with a 300 ms TTL (fences
+// reached 11 per shard in 47 s with a single relay). Scenarios that test
+// expiry (concurrent-relays' stall) wait in multiples of it.
+const relayTTL = 2 * time.Second
+
+// relayPublishTimeout bounds one batch's publish and mark. It exceeds
+// concurrent-relays' freeze (3 TTLs): the frozen relay's batch must still
+// publish and attempt its mark when the process resumes, so the fence is
+// what rejects it — not a deadline that lapsed while it was stopped.
+const relayPublishTimeout = 4 * relayTTL
 
 // relayFaults are the in-process fault points prove drives through the
 // real relay's relay.Faults hooks.
@@ -39,7 +53,7 @@ func (e *env) runRealRelay(ctx context.Context, name string, rf relayFaults) err
 		BeforePublish: func(ctx context.Context, events []ferry.Event) error {
 			if rf.pause != nil && rf.pause.CompareAndSwap(true, false) {
 				e.faults.Add(1)
-				e.log.Debug("prove: relay stalled past its lease", "relay_instance", id)
+				e.log.DebugContext(ctx, "prove: relay stalled past its lease", "relay_instance", id)
 				sleepCtx(ctx, 3*relayTTL)
 			}
 			if rf.stopOnce != nil && rf.stopOnce.CompareAndSwap(true, false) {
@@ -76,7 +90,7 @@ func (e *env) runRealRelay(ctx context.Context, name string, rf relayFaults) err
 		relay.WithShardCount(proveShards), relay.WithInstanceID(id),
 		relay.WithPollInterval(20*time.Millisecond), relay.WithLeaseTTL(relayTTL),
 		relay.WithBackoff(20*time.Millisecond, time.Second), relay.WithProbe(50*time.Millisecond, time.Second),
-		relay.WithPublishTimeout(2*time.Second), relay.WithBatchSize(200),
+		relay.WithPublishTimeout(relayPublishTimeout), relay.WithBatchSize(200),
 		relay.WithLogger(e.log), relay.WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"prove_instance": id}, e.reg)),
 		relay.WithFaults(faults))
 	if err != nil {
