@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // Faults are test hooks for crash experiments. Every hook is nil by default
@@ -133,8 +134,11 @@ func WithRegisterer(reg prometheus.Registerer) WorkerOption {
 	return func(c *workerConfig) { c.reg = reg }
 }
 
-// WithLogger sets the logger (default slog.Default()). Logs carry keys and
-// ids, never request or response bodies.
+// WithLogger sets the logger. Without it (or with nil) the worker logs to
+// slog.Default() as it is when NewWorker runs, like every Ferry component;
+// pass slog.New(slog.DiscardHandler) to silence it. Logs carry keys and
+// ids, never request or response bodies or secrets, and are written with
+// the context of the work, so a handler can attach trace ids.
 func WithLogger(l *slog.Logger) WorkerOption { return func(c *workerConfig) { c.log = l } }
 
 // WithFaults installs crash-experiment hooks (tests, `ferry prove`).
@@ -191,10 +195,7 @@ func NewWorker[TTx any](l *Ledger[TTx], exec Executor, rec Reconciler, opts ...W
 	if cfg.id == "" {
 		cfg.id = uuid.NewString()
 	}
-	log := cfg.log
-	if log == nil {
-		log = slog.Default()
-	}
+	log := logattr.OrDefault(cfg.log)
 	return &Worker{db: l.drv, sql: l.sql, exec: exec, rec: rec, cfg: cfg, now: l.now, m: m,
 		log: log.With("component", "effect.worker", "worker", cfg.id), id: cfg.id, target: map[string]*targetState{}}, nil
 }
@@ -269,7 +270,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		rows, err := w.claim(ctx, free)
 		if err != nil && ctx.Err() == nil {
-			w.log.Error("effect claim failed", "err", err)
+			w.log.ErrorContext(ctx, "effect claim failed", logattr.Err(err))
 		}
 		for range free - len(rows) {
 			<-slots
@@ -328,7 +329,7 @@ func (w *Worker) RefreshStats(ctx context.Context) error {
 
 func (w *Worker) refreshStats(ctx context.Context) {
 	if err := w.RefreshStats(ctx); err != nil && ctx.Err() == nil {
-		w.log.Warn("effect stats refresh failed", "err", err)
+		w.log.WarnContext(ctx, "effect stats refresh failed", logattr.Err(err))
 	}
 }
 
@@ -428,22 +429,22 @@ func (w *Worker) reconcile(ctx, bg context.Context, t *targetState, r row, log *
 	now := w.now().UTC()
 	switch st.Lookup {
 	case LookupFound:
-		log.Info("effect reconciled: found", "operation_id", st.OperationID)
+		log.InfoContext(ctx, "effect reconciled: found", "operation_id", st.OperationID)
 		w.finish(bg, r, StateSucceeded, truncate(st.OperationID, MaxOpIDBytes), truncate(st.Summary, MaxSummaryBytes), "", 1, now, log)
 		return false
 	case LookupNotFound:
 		if r.attempts >= w.cfg.maxAttempts {
-			log.Warn("effect failed: not applied and attempts exhausted", "attempts", r.attempts)
+			log.WarnContext(ctx, "effect failed: not applied and attempts exhausted", "attempts", r.attempts)
 			w.finish(bg, r, StateFailed, "", truncate(st.Summary, MaxSummaryBytes),
 				fmt.Sprintf("not applied (status query: not found) after %d attempts; attempts exhausted", r.attempts), 1, now, log)
 			return false
 		}
 		n, err := w.db.Executor().Exec(bg, w.sql.notFound, r.id, r.owner, now)
 		if err != nil || n != 1 {
-			log.Warn("effect: could not record reconciliation; leaving for lease expiry", "err", err, "rows", n)
+			log.WarnContext(ctx, "effect: could not record reconciliation; leaving for lease expiry", logattr.Err(err), "rows", n)
 			return false
 		}
-		log.Info("effect reconciled: not found; executing again with the same key")
+		log.InfoContext(ctx, "effect reconciled: not found; executing again with the same key")
 		return true
 	default:
 		msg := "status query inconclusive"
@@ -452,7 +453,7 @@ func (w *Worker) reconcile(ctx, bg context.Context, t *targetState, r row, log *
 		}
 		next := now.Add(w.backoff(r.reconciliations + 1))
 		if _, err := w.db.Executor().Exec(bg, w.sql.unknown, r.id, r.owner, next, truncate(msg, MaxSummaryBytes), 1, now); err != nil {
-			log.Warn("effect: could not record reconciliation", "err", err)
+			log.WarnContext(ctx, "effect: could not record reconciliation", logattr.Err(err))
 		}
 		return false
 	}
@@ -468,7 +469,7 @@ func (w *Worker) execute(ctx, bg context.Context, t *targetState, r row, log *sl
 	leaseEnd := now.Add(w.cfg.lease)
 	n, err := w.db.Executor().Exec(bg, w.sql.start, r.id, r.owner, leaseEnd, now)
 	if err != nil || n != 1 {
-		log.Warn("effect: lost the intent before the call; not executing", "err", err, "rows", n)
+		log.WarnContext(ctx, "effect: lost the intent before the call; not executing", logattr.Err(err), "rows", n)
 		return
 	}
 	// If the database made us wait, the lease we just wrote may not cover
@@ -479,7 +480,7 @@ func (w *Worker) execute(ctx, bg context.Context, t *targetState, r row, log *sl
 	// The slack left after the call, at least (lease − call timeout)/2,
 	// absorbs clock differences between workers.
 	if elapsed := w.now().Sub(now); elapsed > (w.cfg.lease-w.cfg.callTimeout)/2 {
-		log.Warn("effect: attempt start took too long; not calling, the lease would not cover the call", "elapsed", elapsed)
+		log.WarnContext(ctx, "effect: attempt start took too long; not calling, the lease would not cover the call", "elapsed", elapsed)
 		return
 	}
 	in := r.in
@@ -490,7 +491,7 @@ func (w *Worker) execute(ctx, bg context.Context, t *targetState, r row, log *sl
 	cancel()
 	if h := w.cfg.faults.AfterExecuteBeforeRecord; h != nil {
 		if err := h(in, res, execErr); err != nil {
-			log.Warn("effect fault injected after execute: outcome not recorded", "err", err)
+			log.WarnContext(ctx, "effect fault injected after execute: outcome not recorded", logattr.Err(err))
 			return
 		}
 	}
@@ -513,12 +514,12 @@ func (w *Worker) execute(ctx, bg context.Context, t *targetState, r row, log *sl
 		}
 		next := now.Add(w.backoff(r.attempts))
 		if _, err := w.db.Executor().Exec(bg, w.sql.retry, r.id, r.owner, next, truncate(execErr.Error(), MaxSummaryBytes), now); err != nil {
-			log.Warn("effect: could not record retry", "err", err)
+			log.WarnContext(ctx, "effect: could not record retry", logattr.Err(err))
 		}
 	default:
 		t.breaker.record(now, false)
 		w.m.attempts.WithLabelValues(in.Target, "unknown").Inc()
-		log.Info("effect outcome unknown; will reconcile before any new attempt", "attempt", in.Attempt)
+		log.InfoContext(ctx, "effect outcome unknown; will reconcile before any new attempt", "attempt", in.Attempt)
 		// No status query before the attempt's lease has run out. A call
 		// that timed out may have left a request still on its way to the
 		// provider; a status query sent now could answer "not found" and
@@ -531,7 +532,7 @@ func (w *Worker) execute(ctx, bg context.Context, t *targetState, r row, log *sl
 			next = leaseEnd
 		}
 		if _, err := w.db.Executor().Exec(bg, w.sql.unknown, r.id, r.owner, next, truncate(execErr.Error(), MaxSummaryBytes), 0, now); err != nil {
-			log.Warn("effect: could not record unknown outcome; lease expiry will mark it unknown", "err", err)
+			log.WarnContext(ctx, "effect: could not record unknown outcome; lease expiry will mark it unknown", logattr.Err(err))
 		}
 	}
 }
@@ -545,16 +546,16 @@ func (w *Worker) finish(bg context.Context, r row, s State, opID, summary, lastE
 		_, err = w.db.Executor().Exec(bg, w.sql.fail, r.id, r.owner, lastErr, recon, now, summary)
 	}
 	if err != nil {
-		log.Warn("effect: could not record outcome; lease expiry will reconcile it", "state", string(s), "err", err)
+		log.WarnContext(bg, "effect: could not record outcome; lease expiry will reconcile it", "state", string(s), logattr.Err(err))
 		return
 	}
 	w.m.attemptsPerEffect.WithLabelValues(r.in.Target, string(s)).Observe(float64(r.attempts))
-	log.Debug("effect done", "state", string(s), "operation_id", opID, "attempts", r.attempts)
+	log.DebugContext(bg, "effect done", "state", string(s), "operation_id", opID, "attempts", r.attempts)
 }
 
 func (w *Worker) release(bg context.Context, r row, at time.Time) {
 	if _, err := w.db.Executor().Exec(bg, w.sql.release, r.id, r.owner, at.UTC(), w.now().UTC()); err != nil {
-		w.log.Warn("effect: could not release intent; its lease will expire", "key", r.in.Key, "err", err)
+		w.log.WarnContext(bg, "effect: could not release intent; its lease will expire", "key", r.in.Key, logattr.Err(err))
 	}
 }
 
