@@ -16,6 +16,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // Sentinel errors callers branch on with errors.Is.
@@ -133,7 +134,7 @@ func New(connString string, pub broker.Publisher, opts ...Option) (*Relay, error
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, connStr: connString, replCfg: rc, pub: pub, m: m,
-		log: cfg.logger.With("component", "cdc", "slot", cfg.slot)}
+		log: logattr.OrDefault(cfg.logger).With("component", "cdc", "slot", cfg.slot)}
 	r.st = Status{Role: RoleStopped, Slot: cfg.slot, Publication: cfg.publication}
 	return r, nil
 }
@@ -211,7 +212,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if errors.Is(err, ErrPublicationMismatch) {
 			return err
 		}
-		r.log.Warn("cdc: cannot resolve outbox table, retrying", "err", err)
+		r.log.WarnContext(ctx, "cdc: cannot resolve outbox table, retrying", logattr.Err(err))
 		if !sleep(ctx, r.cfg.backoffMax) {
 			return nil
 		}
@@ -240,7 +241,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		switch {
 		case errors.Is(err, ErrSlotBusy):
 			r.setRole(RoleStandby)
-			r.log.Debug("cdc: slot busy, standing by", "retry_in", r.cfg.acquire)
+			r.log.DebugContext(ctx, "cdc: slot busy, standing by", "retry_in", r.cfg.acquire)
 			if !sleep(ctx, r.cfg.acquire) {
 				return nil
 			}
@@ -253,7 +254,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.setError(err)
 		r.setRole(RoleStarting)
 		d := b.next()
-		r.log.Warn("cdc: replication session ended, reconnecting", "err", err, "retry_in", d)
+		r.log.WarnContext(ctx, "cdc: replication session ended, reconnecting", logattr.Err(err), "retry_in", d)
 		if !sleep(ctx, d) {
 			return nil
 		}
@@ -359,12 +360,12 @@ func (r *Relay) monitor(ctx context.Context, pool *pgxpool.Pool) {
 			r.mu.Unlock()
 			if opened {
 				r.m.lagAlerts.Inc()
-				r.log.Error("cdc: ALERT slot lag", "alert", "slot_lag", "lag_bytes", lb, "lag_seconds", secs, "wal_status", ws)
+				r.log.ErrorContext(ctx, "cdc: ALERT slot lag", "alert", "slot_lag", "lag_bytes", lb, "lag_seconds", secs, "wal_status", ws)
 			} else if closed {
-				r.log.Info("cdc: slot lag back under threshold", "lag_bytes", lb, "lag_seconds", secs)
+				r.log.InfoContext(ctx, "cdc: slot lag back under threshold", "lag_bytes", lb, "lag_seconds", secs)
 			}
 		} else if ctx.Err() == nil && !errors.Is(err, context.Canceled) {
-			r.log.Debug("cdc: slot lag sample failed", "err", err)
+			r.log.DebugContext(ctx, "cdc: slot lag sample failed", logattr.Err(err))
 		}
 		if !sleep(ctx, r.cfg.monitor) {
 			return
@@ -380,7 +381,7 @@ func (r *Relay) heartbeat(ctx context.Context, pool *pgxpool.Pool) {
 			continue
 		}
 		if _, err := pool.Exec(ctx, `SELECT pg_logical_emit_message(false, 'ferry.heartbeat', '')`); err != nil && ctx.Err() == nil {
-			r.log.Debug("cdc: heartbeat failed", "err", err)
+			r.log.DebugContext(ctx, "cdc: heartbeat failed", logattr.Err(err))
 		}
 	}
 }

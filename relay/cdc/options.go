@@ -53,7 +53,6 @@ func defaultConfig() config {
 		backoffMax:    5 * time.Second,
 		lagAlertBytes: 1 << 30,
 		lagAlertAge:   5 * time.Minute,
-		logger:        slog.New(slog.DiscardHandler),
 	}
 }
 
@@ -132,8 +131,12 @@ func WithLagAlert(bytes int64, age time.Duration) Option {
 	return func(c *config) { c.lagAlertBytes, c.lagAlertAge = bytes, age }
 }
 
-// WithLogger sets the structured logger (default: discard). Logs carry
-// event ids, slot names and LSNs, never payloads.
+// WithLogger sets the structured logger. Without it (or with nil) the CDC
+// relay logs to slog.Default() as it is when New runs, like every Ferry
+// component; pass slog.New(slog.DiscardHandler) to silence it. Logs carry
+// event ids, slot names and LSNs, never payloads or the connection
+// string's password, and are written with the context of the work, so a
+// handler can attach trace ids.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithRegisterer registers the relay's Prometheus metrics (prefix
@@ -220,9 +223,6 @@ func (c *config) check() error {
 	}
 	if c.lagAlertBytes < 0 || c.lagAlertAge < 0 {
 		return &ferry.ConfigError{Field: "lag_alert", Reason: "must not be negative"}
-	}
-	if c.logger == nil {
-		return &ferry.ConfigError{Field: "logger", Reason: "must not be nil"}
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // SQLSTATEs the session branches on.
@@ -113,7 +114,7 @@ func (r *Relay) session(ctx context.Context, pool *pgxpool.Pool, tgt target) err
 			r.cfg.slot, upto); err != nil {
 			return fmt.Errorf("cdc: record slot creation: %w", err)
 		}
-		r.log.Info("cdc: replication slot created", "publication", r.cfg.publication, "consistent_point", res.ConsistentPoint, "catchup_upto_id", upto)
+		r.log.InfoContext(ctx, "cdc: replication slot created", "publication", r.cfg.publication, "consistent_point", res.ConsistentPoint, "catchup_upto_id", upto)
 	}
 	var start pglogrepl.LSN // 0: the server resumes from the slot's confirmed_flush_lsn
 	if r.cfg.faults.StartFromCurrentWAL {
@@ -161,7 +162,7 @@ func (r *Relay) session(ctx context.Context, pool *pgxpool.Pool, tgt target) err
 	r.mu.Unlock()
 	r.setRole(RoleActive)
 	r.setError(nil)
-	r.log.Info("cdc: streaming", "from_lsn", slotConfirmed.String(), "catch_up", s.catchUp)
+	r.log.InfoContext(ctx, "cdc: streaming", "from_lsn", slotConfirmed.String(), "catch_up", s.catchUp)
 	return s.run(ctx)
 }
 
@@ -178,7 +179,7 @@ func (r *Relay) ensurePublication(ctx context.Context, pool *pgxpool.Pool, tgt t
 			return fmt.Errorf("cdc: create publication %s: %w", r.cfg.publication, err)
 		}
 		if err == nil {
-			r.log.Info("cdc: publication created", "publication", r.cfg.publication, "table", tgt.qualified)
+			r.log.InfoContext(ctx, "cdc: publication created", "publication", r.cfg.publication, "table", tgt.qualified)
 		}
 	}
 	var all, insert, ours bool
@@ -239,8 +240,8 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool, tgt target)
 	if lost != "" {
 		r.losses.Add(1)
 		r.m.slotLost.Inc()
-		r.log.Error("cdc: ALERT replication slot lost; recreating it and re-publishing pending rows from the outbox table",
-			"alert", "slot_lost", "reason", lost, "err", ErrSlotLost)
+		r.log.ErrorContext(ctx, "cdc: ALERT replication slot lost; recreating it and re-publishing pending rows from the outbox table",
+			"alert", "slot_lost", "reason", lost, logattr.Err(ErrSlotLost))
 		// catchup_upto is cleared with the marker: a crash after the new
 		// slot is created and before its bound is written must not leave
 		// the previous slot's (smaller) bound, which would skip rows.
@@ -415,7 +416,7 @@ func (s *session) read(ctx context.Context) error {
 				if m.RelationID != s.tgt.oid {
 					if !warned {
 						warned = true
-						s.r.log.Warn("cdc: ignoring rows of a table other than the outbox (check the publication)", "relation_id", m.RelationID)
+						s.r.log.WarnContext(ctx, "cdc: ignoring rows of a table other than the outbox (check the publication)", "relation_id", m.RelationID)
 					}
 					continue
 				}
@@ -581,9 +582,9 @@ func (s *session) publishAll(ctx context.Context, events []ferry.Event) ([]outco
 					outs[i].dead = truncate(rs.Err.Error(), 500)
 					s.r.dead.Add(1)
 					s.r.m.dead.Inc()
-					s.r.log.Error("cdc: ALERT event permanently refused by the broker; row marked dead",
+					s.r.log.ErrorContext(ctx, "cdc: ALERT event permanently refused by the broker; row marked dead",
 						"alert", "dead_event", "event_id", events[i].ID, "event_type", events[i].EventType,
-						"aggregate_type", events[i].AggregateType, "aggregate_id", events[i].AggregateID, "err", rs.Err)
+						"aggregate_type", events[i].AggregateType, "aggregate_id", events[i].AggregateID, logattr.Err(rs.Err))
 				default:
 					retry = append(retry, i)
 				}
@@ -596,7 +597,7 @@ func (s *session) publishAll(ctx context.Context, events []ferry.Event) ([]outco
 		s.r.retries.Add(int64(len(retry)))
 		s.r.m.retries.Add(float64(len(retry)))
 		d := b.next()
-		s.r.log.Warn("cdc: broker publish failed, retrying", "events", len(retry), "first_event_id", events[retry[0]].ID, "retry_in", d)
+		s.r.log.WarnContext(ctx, "cdc: broker publish failed, retrying", "events", len(retry), "first_event_id", events[retry[0]].ID, "retry_in", d)
 		if !sleep(ctx, d) {
 			return nil, ctx.Err()
 		}
@@ -704,7 +705,7 @@ func (s *session) record(ctx context.Context, outs []outcome) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			s.r.log.Warn("cdc: rows decoded from the WAL are still not visible in the outbox table; leaving them pending for the reconciler "+
+			s.r.log.WarnContext(ctx, "cdc: rows decoded from the WAL are still not visible in the outbox table; leaving them pending for the reconciler "+
 				"(is this relay listed in synchronous_standby_names?)", "rows", len(missing), "first_event_id", missing[0].id, "waited", s.r.cfg.visibleWait)
 			return nil
 		}
@@ -768,7 +769,7 @@ WHERE NOT EXISTS (SELECT 1 FROM %[1]s o WHERE o.event_id = x.event_id)`, s.tgt.q
 			return nil, ctx.Err()
 		}
 		wait := b.next()
-		s.r.log.Warn("cdc: recording publication failed, retrying (the slot does not advance meanwhile)", "err", err, "retry_in", wait)
+		s.r.log.WarnContext(ctx, "cdc: recording publication failed, retrying (the slot does not advance meanwhile)", logattr.Err(err), "retry_in", wait)
 		if !sleep(ctx, wait) {
 			return nil, ctx.Err()
 		}
@@ -805,7 +806,7 @@ func (s *session) reconcile(ctx context.Context, st *reconcileState) error {
 				// the stream runs with messages=false).
 				st.nudged = true
 				if _, err := s.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, 'ferry.reconcile', '')`); err != nil && ctx.Err() == nil {
-					s.r.log.Debug("cdc: reconcile nudge failed", "err", err)
+					s.r.log.DebugContext(ctx, "cdc: reconcile nudge failed", logattr.Err(err))
 				}
 			}
 			return nil
@@ -817,7 +818,7 @@ func (s *session) reconcile(ctx context.Context, st *reconcileState) error {
 			return err
 		}
 		if len(events) > 0 {
-			s.r.log.Warn("cdc: rows pending behind the slot's confirmed position; re-publishing them (broker dedup returns the original receipt) and marking them",
+			s.r.log.WarnContext(ctx, "cdc: rows pending behind the slot's confirmed position; re-publishing them (broker dedup returns the original receipt) and marking them",
 				"rows", len(events), "first_event_id", events[0].ID, "confirmed_lsn", pglogrepl.LSN(s.confirmed.Load()).String(), "behind", st.w.String())
 			outs, err := s.publishAll(ctx, events)
 			if err != nil {
@@ -835,7 +836,7 @@ func (s *session) reconcile(ctx context.Context, st *reconcileState) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		s.r.log.Warn("cdc: reconcile snapshot failed, retrying next interval", "err", err)
+		s.r.log.WarnContext(ctx, "cdc: reconcile snapshot failed, retrying next interval", logattr.Err(err))
 		return nil
 	}
 	st.armed, st.nudged = len(st.ids) > 0, false
@@ -847,7 +848,7 @@ func (s *session) reconcile(ctx context.Context, st *reconcileState) error {
 // the producer's row lock serialises an aggregate's inserts), records them,
 // and only then clears the durable marker.
 func (s *session) runCatchUp(ctx context.Context) error {
-	s.r.log.Info("cdc: catching up pending rows from the outbox table")
+	s.r.log.InfoContext(ctx, "cdc: catching up pending rows from the outbox table")
 	q := fmt.Sprintf(`SELECT %s FROM %s WHERE status = 'pending' AND id > $1 AND ($3::bigint IS NULL OR id <= $3)
 		ORDER BY id LIMIT $2`, pendingCols, s.tgt.qualified)
 	var last, total int64
@@ -874,7 +875,7 @@ func (s *session) runCatchUp(ctx context.Context) error {
 		return fmt.Errorf("cdc: clear catch-up marker: %w", err)
 	}
 	s.r.setCatchingUp(false)
-	s.r.log.Info("cdc: catch-up done", "events", total)
+	s.r.log.InfoContext(ctx, "cdc: catch-up done", "events", total)
 	return nil
 }
 
