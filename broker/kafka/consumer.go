@@ -16,6 +16,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/cloudevents"
+	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/internal/runstate"
 )
 
@@ -163,7 +164,7 @@ func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[str
 	defer c.commitMu.Unlock()
 	c.commitLocked(ctx, revoked)
 	c.drop(revoked)
-	c.logger.Info("kafka: partitions revoked", "partitions", revoked)
+	c.logger.InfoContext(ctx, "kafka: partitions revoked", "partitions", revoked)
 }
 
 // onLost forgets partitions without committing: the group generation is
@@ -291,7 +292,7 @@ func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *br
 			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 				return
 			}
-			c.logger.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+			c.logger.WarnContext(ctx, "kafka: fetch error", "topic", t, "partition", p, logattr.Err(err))
 		})
 		fetches.EachRecord(func(r *kgo.Record) {
 			if ctx.Err() != nil {
@@ -309,7 +310,7 @@ func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *br
 			err := c.Commit(fctx)
 			cancel()
 			if err != nil {
-				c.logger.Warn("kafka: final commit", "err", err)
+				c.logger.WarnContext(ctx, "kafka: final commit", logattr.Err(err))
 			}
 			return nil
 		}
@@ -325,7 +326,7 @@ func (c *Consumer) commitLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			if err := c.Commit(ctx); err != nil && ctx.Err() == nil {
-				c.logger.Warn("kafka: periodic commit", "err", err)
+				c.logger.WarnContext(ctx, "kafka: periodic commit", logattr.Err(err))
 			}
 		}
 	}

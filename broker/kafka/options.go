@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // Defaults.
@@ -73,9 +74,7 @@ func newConfig(opts []Option) (config, error) {
 	case c.maxPollRecords < 1 || c.maxPollRecords > 100000:
 		return c, &ferry.ConfigError{Field: "kafka.max_poll_records", Reason: fmt.Sprintf("must be in [1, 100000], got %d", c.maxPollRecords)}
 	}
-	if c.logger == nil {
-		c.logger = slog.New(slog.DiscardHandler)
-	}
+	c.logger = logattr.OrDefault(c.logger)
 	return c, nil
 }
 
@@ -83,7 +82,11 @@ func newConfig(opts []Option) (config, error) {
 // (publisher only). Default "ferry".
 func WithSource(source string) Option { return func(c *config) { c.source = source } }
 
-// WithLogger sets the structured logger; logs carry ids, never payloads.
+// WithLogger sets the structured logger (franz-go's warnings and errors go
+// to it too). Without it (or with nil) the client logs to slog.Default()
+// as it is when the publisher or consumer is built, like every Ferry
+// component; pass slog.New(slog.DiscardHandler) to silence it. Logs carry
+// ids, never payloads.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithClientID sets the Kafka client id (visible in broker logs and quotas).

@@ -13,6 +13,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/cloudevents"
+	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/internal/runstate"
 )
 
@@ -96,7 +97,7 @@ func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *br
 			// The session was consuming: this is a fresh outage.
 			delay = c.cfg.reconnectDelay
 		}
-		logger.Warn("rabbitmq: consumer connection lost; reconnecting", "err", err, "backoff", delay)
+		logger.WarnContext(ctx, "rabbitmq: consumer connection lost; reconnecting", logattr.Err(err), "backoff", delay)
 		select {
 		case <-ctx.Done():
 			return nil

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // Defaults.
@@ -70,9 +71,7 @@ func newConfig(opts []Option) (config, error) {
 	case c.reconnectDelay <= 0:
 		return c, &ferry.ConfigError{Field: "rabbitmq.reconnect_delay", Reason: "must be > 0"}
 	}
-	if c.logger == nil {
-		c.logger = slog.New(slog.DiscardHandler)
-	}
+	c.logger = logattr.OrDefault(c.logger)
 	return c, nil
 }
 
@@ -101,8 +100,10 @@ func WithReconnectDelay(d time.Duration) Option { return func(c *config) { c.rec
 // broker-generated one.
 func WithConsumerTag(tag string) Option { return func(c *config) { c.consumerTag = tag } }
 
-// WithLogger sets the structured logger; logs carry ids, never payloads or
-// the URL's password.
+// WithLogger sets the structured logger. Without it (or with nil) the
+// client logs to slog.Default() as it is when the publisher or consumer is
+// built, like every Ferry component; pass slog.New(slog.DiscardHandler)
+// to silence it. Logs carry ids, never payloads or the URL's password.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithMaxMessageBytes sets the largest body the publisher sends; set it to

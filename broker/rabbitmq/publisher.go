@@ -157,7 +157,7 @@ func (p *Publisher) connectLocked(ctx context.Context) error {
 	p.conn, p.ch, p.closeErr = conn, ch, nil
 	if p.dials > 0 {
 		p.reconnects.Add(1)
-		p.cfg.logger.Info("rabbitmq: publisher reconnected")
+		p.cfg.logger.InfoContext(ctx, "rabbitmq: publisher reconnected")
 	}
 	p.dials++
 	return nil
