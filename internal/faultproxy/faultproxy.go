@@ -119,6 +119,14 @@ func (p *Proxy) Set(m Mode) {
 	}
 }
 
+// Cut is Set(Reset): every open connection is aborted and new ones are
+// reset until Restore, so to a client the server is gone. Outage tests
+// against a shared server that must not be stopped use it.
+func (p *Proxy) Cut() { p.Set(Reset) }
+
+// Restore is Set(Pass): connections are forwarded again.
+func (p *Proxy) Restore() { p.Set(Pass) }
+
 // ResetAll aborts every open connection (both sides) with a TCP RST.
 func (p *Proxy) ResetAll() {
 	p.mu.Lock()

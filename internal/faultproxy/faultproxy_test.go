@@ -138,6 +138,32 @@ func TestResetAbortsOpenAndNewConnections(t *testing.T) {
 	}
 }
 
+// TestCutAndRestore: Cut ends a connection opened before it and refuses
+// new ones; Restore forwards again (what outage tests through
+// brokertest.NewProxy rely on).
+func TestCutAndRestore(t *testing.T) {
+	p := newProxy(t)
+	held := dial(t, p)
+	if _, err := roundTrip(held, "warm", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	p.Cut()
+	if _, err := roundTrip(held, "after", time.Second); err == nil {
+		t.Fatal("connection open before Cut still answers after it")
+	}
+	if c, err := net.Dial("tcp", p.Addr()); err == nil {
+		_, err = roundTrip(c, "new", time.Second)
+		_ = c.Close()
+		if err == nil {
+			t.Fatal("new connection worked while cut")
+		}
+	}
+	p.Restore()
+	if got, err := roundTrip(dial(t, p), "back", time.Second); err != nil || got != "back\n" {
+		t.Fatalf("after Restore: %q %v", got, err)
+	}
+}
+
 func TestBlackholeAcceptsAndHangs(t *testing.T) {
 	p := newProxy(t)
 	p.Set(Blackhole)
