@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferryhq/ferry/console"
+	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/ops"
 	"github.com/ferryhq/ferry/opsauth"
 )
@@ -141,7 +142,7 @@ func serveConsole(ctx context.Context, srv *console.Server, listen string, logge
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
-		logger.Warn("console shutdown", "error", err)
+		logger.WarnContext(ctx, "console shutdown", logattr.Err(err))
 	}
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err

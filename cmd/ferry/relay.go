@@ -27,6 +27,7 @@ import (
 	"github.com/ferryhq/ferry/broker/kafka"
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/broker/rabbitmq"
+	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/relay"
 )
 
@@ -187,7 +188,7 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 	if err != nil {
 		// Only a start-up cross-check: publishing still holds and
 		// reports a missing destination.
-		log.Warn("could not compare the destinations of unsent rows with the broker", "err", err)
+		log.WarnContext(ctx, "could not compare the destinations of unsent rows with the broker", logattr.Err(err))
 	}
 	pub, closePub, err := openDestination(ctx, f, log, rows)
 	if err != nil {
@@ -226,9 +227,9 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 			defer cancel()
 			_ = srv.Shutdown(sctx)
 		}()
-		log.Info("serving /metrics /healthz /readyz", "addr", ln.Addr().String())
+		log.InfoContext(ctx, "serving /metrics /healthz /readyz", "addr", ln.Addr().String())
 	}
-	log.Info("relay starting", "instance", r.InstanceID(), "broker", pub.Name(), "shards", f.shards)
+	log.InfoContext(ctx, "relay starting", "instance", r.InstanceID(), "broker", pub.Name(), "shards", f.shards)
 	if err := r.Run(ctx); err != nil {
 		return err
 	}
@@ -328,8 +329,8 @@ func openDestination(ctx context.Context, f *relayFlags, log *slog.Logger, rows 
 		if err != nil {
 			return nil, nil, err
 		}
-		log.Info("embedded NATS JetStream started", "url", emb.ClientURL(), "store", emb.StoreDir())
-		log.Warn("destination durability", "broker", "nats", "stream", f.stream, "setting", "sync_interval", "value", "2m",
+		log.InfoContext(ctx, "embedded NATS JetStream started", "url", emb.ClientURL(), "store", emb.StoreDir())
+		log.WarnContext(ctx, "destination durability", "broker", "nats", "stream", f.stream, "setting", "sync_interval", "value", "2m",
 			"warning", "the embedded server fsyncs every 2 minutes: a machine crash can lose acknowledged events; run a NATS server with sync_interval: always for production")
 		pub, err := natsPublisher(ctx, emb.ClientURL(), f, true, log, rows)
 		if err != nil {
@@ -342,7 +343,7 @@ func openDestination(ctx context.Context, f *relayFlags, log *slog.Logger, rows 
 		if err != nil {
 			return nil, nil, err
 		}
-		log.Warn("destination setting could not be read", "broker", "nats", "stream", f.stream, "setting", "sync_interval",
+		log.WarnContext(ctx, "destination setting could not be read", "broker", "nats", "stream", f.stream, "setting", "sync_interval",
 			"warning", "a client cannot read the server's sync_interval (default 2m: a machine crash can lose acknowledged events on a single server); set jetstream { sync_interval: always } or use R3 streams")
 		return pub, func() { _ = pub.Close() }, nil
 	case strings.HasPrefix(u, "kafka://"):
@@ -454,9 +455,9 @@ func natsPublisher(ctx context.Context, url string, f *relayFlags, provision boo
 	}
 	js := pub.JetStream()
 	if s, err := js.Stream(cctx, f.stream); err != nil {
-		log.Warn("destination setting could not be read", "broker", "nats", "stream", f.stream, "setting", "replicas", "err", err)
+		log.WarnContext(ctx, "destination setting could not be read", "broker", "nats", "stream", f.stream, "setting", "replicas", logattr.Err(err))
 	} else if r := s.CachedInfo().Config.Replicas; r < kafka.RecommendedReplication {
-		log.Warn("destination durability", "broker", "nats", "stream", f.stream, "setting", "replicas", "value", r,
+		log.WarnContext(ctx, "destination durability", "broker", "nats", "stream", f.stream, "setting", "replicas", "value", r,
 			"warning", fmt.Sprintf("replicas %d < %d: a server loss can lose acknowledged events or stop writes", r, kafka.RecommendedReplication))
 	}
 	var missing []string
@@ -464,7 +465,7 @@ func natsPublisher(ctx context.Context, url string, f *relayFlags, provision boo
 		if _, err := js.StreamNameBySubject(cctx, subj); errors.Is(err, jetstream.ErrStreamNotFound) {
 			missing = append(missing, subj)
 		} else if err != nil {
-			log.Warn("could not check the destinations of unsent events", "broker", "nats", "subject", subj, "err", err)
+			log.WarnContext(ctx, "could not check the destinations of unsent events", "broker", "nats", "subject", subj, logattr.Err(err))
 			break
 		}
 	}
@@ -504,7 +505,7 @@ func kafkaDestination(ctx context.Context, pub *kafka.Publisher, f *relayFlags, 
 		case errors.As(err, &mt):
 			warnMissing(log, "kafka", "topic", mt.Topics, "create them, or restart the relay with --provision")
 		case err != nil:
-			log.Warn("could not check the destinations of unsent events", "broker", "kafka", "err", err)
+			log.WarnContext(ctx, "could not check the destinations of unsent events", "broker", "kafka", logattr.Err(err))
 		}
 		sts = append(sts, more...)
 	}

@@ -59,8 +59,8 @@ func runCDCRelay(ctx context.Context, f *relayFlags, st *store, pub broker.Publi
 			defer cancel()
 			_ = srv.Shutdown(sctx)
 		}()
-		log.Info("serving /metrics /healthz /readyz", "addr", ln.Addr().String())
+		log.InfoContext(ctx, "serving /metrics /healthz /readyz", "addr", ln.Addr().String())
 	}
-	log.Info("cdc relay starting", "broker", pub.Name(), "slot", f.slot, "publication", f.publication)
+	log.InfoContext(ctx, "cdc relay starting", "broker", pub.Name(), "slot", f.slot, "publication", f.publication)
 	return r.Run(ctx)
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/ops"
 )
 
@@ -39,9 +40,9 @@ func startScheduledCleanup(ctx context.Context, f *relayFlags, st *store, log *s
 	go func() {
 		defer wg.Done()
 		if err := o.RunCleanup(cctx, f.cleanupEvery, opts, approval); err != nil && !errors.Is(err, context.Canceled) {
-			log.Error("scheduled cleanup stopped", "err", err)
+			log.ErrorContext(ctx, "scheduled cleanup stopped", logattr.Err(err))
 		}
 	}()
-	log.Info("scheduled cleanup", "every", f.cleanupEvery.String(), "retention", f.cleanupRetention.String())
+	log.InfoContext(ctx, "scheduled cleanup", "every", f.cleanupEvery.String(), "retention", f.cleanupRetention.String())
 	return func() { cancel(); wg.Wait() }, nil
 }

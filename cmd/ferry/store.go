@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	neturl "net/url"
 	"os"
 	"strings"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // storeFlags are the flags every command that opens the database shares.
@@ -147,16 +147,9 @@ func sqlitePath(raw, path string) (driver.Dialect, string, error) {
 	return driver.SQLite, path, nil
 }
 
-// redactURL hides a password in a URL shown in an error.
-func redactURL(raw string) string {
-	if u, err := neturl.Parse(raw); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = neturl.UserPassword(u.User.Username(), "xxxxx")
-			return u.String()
-		}
-	}
-	return raw
-}
+// redactURL hides a password in a URL shown in an error or a log line
+// (internal/logattr's one rule).
+func redactURL(raw string) string { return logattr.RedactURL(raw) }
 
 // openDatabase connects. A SQLite file is created only when create is set
 // (ferry migrate up); every other command refuses a missing file.

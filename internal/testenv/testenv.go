@@ -17,13 +17,13 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // Defaults for the loopback services of the development machine.
@@ -197,14 +197,6 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// redact hides a password in a URL for messages.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxx")
-	}
-	return strings.Replace(u.String(), "xxx", "***", 1)
-}
+// redact hides a password in a URL for messages (internal/logattr's one
+// rule).
+func redact(raw string) string { return logattr.RedactURL(raw) }
