@@ -7,6 +7,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/ferryhq/ferry/internal/sanitize"
 )
 
 // Default limits. They are deliberately small: an outbox row is a message,
@@ -197,15 +199,4 @@ func (l Limits) checkText(idx int, field, v string, max int, required bool) erro
 
 // truncate keeps error messages short; it is applied only to names, never
 // to payloads, which are not echoed at all.
-func truncate(s string) string {
-	const max = 64
-	if len(s) <= max {
-		return s
-	}
-	for i := max; i > 0; i-- {
-		if utf8.RuneStart(s[i]) {
-			return s[:i] + "…"
-		}
-	}
-	return ""
-}
+func truncate(s string) string { return sanitize.Cut(s, 64) }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/internal/sanitize"
 )
 
 // Binding names a CloudEvents protocol binding. Each binding has its own
@@ -528,15 +529,4 @@ func parseDecimal(s string) (int64, bool) {
 }
 
 // short quotes at most 64 bytes of a header value in errors.
-func short(s string) string {
-	const max = 64
-	if len(s) <= max {
-		return s
-	}
-	for i := max; i > 0; i-- {
-		if utf8.RuneStart(s[i]) {
-			return s[:i] + "…"
-		}
-	}
-	return ""
-}
+func short(s string) string { return sanitize.Cut(s, 64) }

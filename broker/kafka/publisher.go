@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -114,21 +113,14 @@ func (p *Publisher) Publish(ctx context.Context, events []ferry.Event) []broker.
 	// An event refused before sending holds back the later events of its
 	// aggregate in this call (NotSent), so the broker never stores a
 	// later event of an aggregate without the earlier one.
-	held := map[string]uuid.UUID{}
+	var hb broker.HoldBack
 	for i := range events {
 		ev := &events[i]
+		if err := hb.Refuse("kafka", i, ev); err != nil {
+			results[i].Err = err
+			continue
+		}
 		key := ferry.AggregateKey(ev.TenantID, ev.AggregateType, ev.AggregateID)
-		if first, ok := held[key]; ok {
-			results[i].Err = broker.NewError(broker.ClassNotSent,
-				fmt.Errorf("kafka: event %s not sent: earlier event %s of aggregate %s failed in this call", ev.ID, first, key))
-			continue
-		}
-		if ev.Topic == "" {
-			results[i].Err = broker.NewError(broker.ClassPermanent,
-				fmt.Errorf("kafka: event[%d] %s: topic is empty", i, ev.ID))
-			held[key] = ev.ID
-			continue
-		}
 		headers, body := cloudevents.Encode(cloudevents.Kafka, *ev, cloudevents.EncodeOptions{Source: p.source})
 		rec := &kgo.Record{
 			Topic:   ev.Topic,
@@ -139,7 +131,7 @@ func (p *Publisher) Publish(ctx context.Context, events []ferry.Event) []broker.
 		if size := recordSize(rec); size > p.maxRecord {
 			results[i].Err = broker.NewError(broker.ClassPermanent,
 				fmt.Errorf("kafka: event %s: record is %d bytes, limit %d: %w", ev.ID, size, p.maxRecord, kerr.MessageTooLarge))
-			held[key] = ev.ID
+			hb.Fail(ev)
 			continue
 		}
 		waiting++

@@ -219,13 +219,11 @@ type inflight struct {
 func (p *Publisher) Publish(ctx context.Context, events []ferry.Event) []broker.Result {
 	res := make([]broker.Result, len(events))
 	fl := make([]inflight, len(events))
-	var blocked map[string]error // aggregate key → pre-send failure
+	var hb broker.HoldBack
 	for i := range events {
 		ev := &events[i]
-		key := ferry.AggregateKey(ev.TenantID, ev.AggregateType, ev.AggregateID)
-		if err, ok := blocked[key]; ok {
-			res[i].Err = broker.NewError(broker.ClassNotSent,
-				fmt.Errorf("natsjs: not sent: an earlier event of aggregate in this batch failed: %w", err))
+		if err := hb.Held("natsjs", ev); err != nil {
+			res[i].Err = err
 			continue
 		}
 		subject := p.subject(ev)
@@ -233,10 +231,7 @@ func (p *Publisher) Publish(ctx context.Context, events []ferry.Event) []broker.
 		paf, err := p.send(ctx, ev, subject)
 		if err != nil {
 			res[i].Err = err
-			if blocked == nil {
-				blocked = make(map[string]error)
-			}
-			blocked[key] = err
+			hb.Fail(ev)
 			continue
 		}
 		fl[i].paf = paf

@@ -212,26 +212,18 @@ func (p *Publisher) Publish(ctx context.Context, events []ferry.Event) []broker.
 	// An event refused before sending holds back the later events of its
 	// aggregate in this call (NotSent): the queue never gets a later event
 	// of an aggregate without the earlier one.
-	held := map[string]string{}
+	var hb broker.HoldBack
 	for i := range events {
 		ev := &events[i]
-		key := ferry.AggregateKey(ev.TenantID, ev.AggregateType, ev.AggregateID)
-		if first, ok := held[key]; ok {
-			results[i].Err = broker.NewError(broker.ClassNotSent,
-				fmt.Errorf("rabbitmq: event %s not sent: earlier event %s of aggregate %s failed in this call", ev.ID, first, key))
-			continue
-		}
-		if ev.Topic == "" {
-			results[i].Err = broker.NewError(broker.ClassPermanent,
-				fmt.Errorf("rabbitmq: event[%d] %s: topic (routing key) is empty", i, ev.ID))
-			held[key] = ev.ID.String()
+		if err := hb.Refuse("rabbitmq", i, ev); err != nil {
+			results[i].Err = err
 			continue
 		}
 		msg := publishing(*ev, p.cfg.source)
 		if len(msg.Body) > p.cfg.maxMessage {
 			results[i].Err = broker.NewError(broker.ClassPermanent,
 				fmt.Errorf("%w: event %s body is %d bytes, limit %d", ErrTooLarge, ev.ID, len(msg.Body), p.cfg.maxMessage))
-			held[key] = ev.ID.String()
+			hb.Fail(ev)
 			continue
 		}
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.exchange, ev.Topic, true, false, msg)
