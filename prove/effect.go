@@ -119,7 +119,7 @@ func (w *refEffects) once(ctx context.Context) (int, error) {
 		}
 		if r.status == "in_flight" && w.env.provider.status(r.key) {
 			// Reconciled: the provider has it; record, do not call again.
-			w.env.log.Info("prove: effect reconciled", slog.String("key", r.key))
+			w.env.log.InfoContext(ctx, "prove: effect reconciled", slog.String("key", r.key))
 		} else {
 			w.env.provider.charge(r.key, r.eventID)
 			if w.env.fire(faultEffectCrash, r.eventID) {

@@ -422,7 +422,7 @@ func (e *env) recordEffectKill(ctx context.Context, id string, inWindow bool) {
 	e.effectKillsMu.Lock()
 	e.effectKills = append(e.effectKills, k)
 	e.effectKillsMu.Unlock()
-	e.log.Debug("prove: effect worker killed", slog.String("worker", id), slog.Bool("in_window", inWindow),
+	e.log.DebugContext(ctx, "prove: effect worker killed", slog.String("worker", id), slog.Bool("in_window", inWindow),
 		slog.Int("in_flight", k.inFlight), slog.Int("open", k.open))
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/outbox"
 )
 
@@ -166,7 +167,7 @@ func supervise(ctx context.Context, wg *sync.WaitGroup, log *slog.Logger, name s
 				return
 			}
 			if err != nil {
-				log.Debug("prove: component stopped, restarting", slog.String("component", name), slog.String("error", err.Error()))
+				log.DebugContext(ctx, "prove: component stopped, restarting", slog.String("component", name), logattr.Err(err))
 			}
 			select {
 			case <-ctx.Done():

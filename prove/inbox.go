@@ -118,7 +118,7 @@ func (c *refInbox) handle(ctx context.Context, d *broker.Delivery) error {
 			if err := c.park(ctx, tx, id+"#"+fp, "collision", d, 0); err != nil {
 				return err
 			}
-			c.env.log.Warn("prove: event id collision parked", slog.String("event_id", id), slog.String("tenant", d.Event.TenantID))
+			c.env.log.WarnContext(ctx, "prove: event id collision parked", slog.String("event_id", id), slog.String("tenant", d.Event.TenantID))
 		}
 		if err := tx.Commit(ctx); err != nil {
 			return fmt.Errorf("inbox: commit: %w", err)
@@ -142,7 +142,7 @@ func (c *refInbox) handle(ctx context.Context, d *broker.Delivery) error {
 			if err := c.park(ctx, c.env.db.drv.Executor(), id, "poison", d, d.Attempt); err != nil {
 				return err
 			}
-			c.env.log.Warn("prove: poison message parked", slog.String("event_id", id), slog.Int("attempts", d.Attempt))
+			c.env.log.WarnContext(ctx, "prove: poison message parked", slog.String("event_id", id), slog.Int("attempts", d.Attempt))
 			return d.Ack(ctx)
 		}
 		c.env.rec.err(fmt.Errorf("inbox: event %s: %w", id, errPoison))
@@ -179,7 +179,7 @@ func (c *refInbox) handle(ctx context.Context, d *broker.Delivery) error {
 		return fmt.Errorf("inbox: commit: %w", err)
 	}
 	if c.env.fire(faultAckLoss, id) {
-		c.env.log.Debug("prove: consumer crashed after commit, before ack", slog.String("event_id", id))
+		c.env.log.DebugContext(ctx, "prove: consumer crashed after commit, before ack", slog.String("event_id", id))
 		return errCrash
 	}
 	return d.Ack(ctx)

@@ -144,7 +144,7 @@ func (r *refRelay) shard(ctx context.Context, shard int, fence int64) (int, erro
 	}
 	if r.pauseOnce != nil && r.pauseOnce.CompareAndSwap(true, false) {
 		r.env.faults.Add(1)
-		r.env.log.Debug("prove: relay paused past its lease", slog.String("relay", r.id), slog.Int("shard", shard))
+		r.env.log.DebugContext(ctx, "prove: relay paused past its lease", slog.String("relay", r.id), slog.Int("shard", shard))
 		select {
 		case <-ctx.Done():
 			return 0, nil
@@ -168,7 +168,7 @@ func (r *refRelay) shard(ctx context.Context, shard int, fence int64) (int, erro
 	results := r.pub.Publish(ctx, events)
 	for _, row := range rows {
 		if r.env.fire(faultRelayCrash, row.ev.ID.String()) {
-			r.env.log.Debug("prove: relay crashed after publish, before mark", slog.String("relay", r.id), slog.String("event_id", row.ev.ID.String()))
+			r.env.log.DebugContext(ctx, "prove: relay crashed after publish, before mark", slog.String("relay", r.id), slog.String("event_id", row.ev.ID.String()))
 			return 0, errCrash // published, not marked: the next owner republishes
 		}
 	}
