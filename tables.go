@@ -1,8 +1,6 @@
 package ferry
 
-import (
-	"regexp"
-)
+import "github.com/ferryhq/ferry/internal/ident"
 
 // Tables says where Ferry's tables live: an optional Postgres schema and a
 // name prefix (default "ferry_"). Both are validated as plain identifiers and
@@ -18,16 +16,14 @@ type Tables struct {
 // DefaultTablePrefix prefixes Ferry's table names unless configured.
 const DefaultTablePrefix = "ferry_"
 
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
-
 // Check validates the names. Identifiers are lower case ASCII, digits and
 // underscores, at most 40 bytes (Postgres allows 63; suffixes need room).
 func (t Tables) Check() error {
-	if t.Schema != "" && (len(t.Schema) > 40 || !identRE.MatchString(t.Schema)) {
+	if t.Schema != "" && !ident.Valid(t.Schema, 40) {
 		return &ConfigError{Field: "tables.schema", Reason: "must match [a-z_][a-z0-9_]* and be at most 40 bytes"}
 	}
 	p := t.prefix()
-	if len(p) > 40 || !identRE.MatchString(p) {
+	if !ident.Valid(p, 40) {
 		return &ConfigError{Field: "tables.prefix", Reason: "must match [a-z_][a-z0-9_]* and be at most 40 bytes"}
 	}
 	return nil

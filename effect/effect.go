@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+
+	"github.com/ferryhq/ferry/internal/sanitize"
 )
 
 // State is where an intent is in its life.
@@ -269,9 +271,5 @@ func (e *IntentConflictError) Error() string {
 // Is reports ErrIntentConflict.
 func (e *IntentConflictError) Is(target error) bool { return target == ErrIntentConflict }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "")
-}
+// truncate bounds stored text by the one rule (internal/sanitize).
+func truncate(s string, n int) string { return sanitize.Text(s, n) }

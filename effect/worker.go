@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/backoff"
 	"github.com/ferryhq/ferry/internal/logattr"
 )
 
@@ -399,7 +399,7 @@ func (w *Worker) gate(ctx, bg context.Context, t *targetState, r row) bool {
 	now := w.now()
 	if ok, retryAt := t.breaker.allow(now); !ok {
 		// Spread the wake-ups over a fraction of the cooldown.
-		w.release(bg, r, retryAt.Add(time.Duration(rand.Int64N(int64(w.cfg.breakerCool)/4+1))))
+		w.release(bg, r, retryAt.Add(backoff.Uniform(0, w.cfg.breakerCool/4)))
 		return false
 	}
 	wctx, cancel := context.WithTimeout(ctx, w.cfg.lease/2)
@@ -559,13 +559,8 @@ func (w *Worker) release(bg context.Context, r row, at time.Time) {
 	}
 }
 
-// backoff is full jitter: uniform in [0, min(max, base·2^n)).
+// backoff is full jitter after the n-th failure: uniform in
+// [0, min(max, base·2^n)].
 func (w *Worker) backoff(n int) time.Duration {
-	d := w.cfg.backoffMax
-	if n < 30 {
-		if e := w.cfg.backoffBase << n; e > 0 && e < d {
-			d = e
-		}
-	}
-	return time.Duration(rand.Int64N(int64(d) + 1))
+	return backoff.Full(w.cfg.backoffBase, w.cfg.backoffMax, n+1)
 }

@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/backoff"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/sanitize"
 )
 
 // errNeedSavepoints: the optimistic pass of a batch hit a message that
@@ -55,7 +56,7 @@ func (ib *Inbox[TTx]) process(ctx context.Context, msgs []*message) error {
 				m.outcome, m.errText, m.delay = OutcomeRetry, err.Error(), ib.retryDelay(m, false)
 			}
 		}
-		ib.log.WarnContext(ctx, "inbox transaction failed; messages will be redelivered", "messages", len(msgs), slog.String(logattr.ErrKey, sanitize(err.Error(), maxErrorBytes)))
+		ib.log.WarnContext(ctx, "inbox transaction failed; messages will be redelivered", "messages", len(msgs), slog.String(logattr.ErrKey, sanitize.Error(err)))
 	}
 	if err == nil {
 		ib.count(msgs, tally)
@@ -287,7 +288,7 @@ func (ib *Inbox[TTx]) finishStep(ctx context.Context, txv TTx, tx driver.Tx, m *
 func (ib *Inbox[TTx]) finishFailure(ctx context.Context, exec driver.Executor, m *message, res stepResult) error {
 	if res.kind == stepUnauthorized {
 		ib.log.WarnContext(ctx, "authorization denied; parked", "event_id", m.ev.ID, "tenant_id", m.ev.TenantID,
-			"principal", sanitize(m.ev.Headers.Principal, 128), "action", sanitize(m.ev.Headers.Action, 128))
+			"principal", sanitize.Text(m.ev.Headers.Principal, 128), "action", sanitize.Text(m.ev.Headers.Action, 128))
 		return ib.parkLive(ctx, exec, m, ReasonUnauthorized, res.err.Error(), nil)
 	}
 	attempt := ib.attempts.inc(m.key())
@@ -297,12 +298,12 @@ func (ib *Inbox[TTx]) finishFailure(ctx context.Context, exec driver.Executor, m
 	m.attempt = attempt
 	if errors.Is(res.err, ErrPermanent) || attempt >= ib.cfg.maxAttempts {
 		ib.log.WarnContext(ctx, "handler failed; parked as poison", "event_id", m.ev.ID, "attempts", attempt,
-			"permanent", errors.Is(res.err, ErrPermanent), slog.String(logattr.ErrKey, sanitize(res.err.Error(), maxErrorBytes)))
+			"permanent", errors.Is(res.err, ErrPermanent), slog.String(logattr.ErrKey, sanitize.Error(res.err)))
 		return ib.parkLive(ctx, exec, m, ReasonPoison, res.err.Error(), nil)
 	}
 	m.outcome, m.errText, m.delay = OutcomeRetry, res.err.Error(), ib.retryDelay(m, false)
 	ib.log.InfoContext(ctx, "handler failed; will be redelivered", "event_id", m.ev.ID, "attempt", attempt, "delay", m.delay,
-		slog.String(logattr.ErrKey, sanitize(res.err.Error(), maxErrorBytes)))
+		slog.String(logattr.ErrKey, sanitize.Error(res.err)))
 	return nil
 }
 
@@ -388,15 +389,9 @@ func rollbackTo(ctx context.Context, tx driver.Tx, name string) error {
 // A lost race with another instance retries almost at once.
 func (ib *Inbox[TTx]) retryDelay(m *message, race bool) time.Duration {
 	if race {
-		return time.Duration(rand.Int64N(int64(20 * time.Millisecond)))
+		return backoff.Uniform(0, 20*time.Millisecond)
 	}
-	a := max(m.attempt, 1)
-	d := ib.cfg.backoffBase
-	for i := 1; i < a && d < ib.cfg.backoffMax; i++ {
-		d *= 2
-	}
-	d = min(d, ib.cfg.backoffMax)
-	return time.Duration(rand.Int64N(int64(d) + 1))
+	return backoff.Full(ib.cfg.backoffBase, ib.cfg.backoffMax, m.attempt)
 }
 
 // nonAtomicEffects is the negative control's second transaction.

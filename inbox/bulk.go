@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/sanitize"
 )
 
 // The bulk pass is the optimistic pass of a batch on Postgres. Instead of
@@ -85,7 +86,7 @@ func (ib *Inbox[TTx]) bulkPass(ctx context.Context, txv TTx, tx driver.Tx, msgs 
 			continue
 		}
 		if ib.cfg.schemas != nil && !ib.cfg.schemas[SchemaKey{m.ev.EventType, m.ev.SchemaVersion}] {
-			err := fmt.Errorf("event type %q schema version %d is not supported by this consumer", sanitize(m.ev.EventType, 128), m.ev.SchemaVersion)
+			err := fmt.Errorf("event type %q schema version %d is not supported by this consumer", sanitize.Text(m.ev.EventType, 128), m.ev.SchemaVersion)
 			if err := ib.parkLive(ctx, tx, m, ReasonSchema, err.Error(), nil); err != nil {
 				return err
 			}

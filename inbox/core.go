@@ -22,6 +22,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/sanitize"
 	"github.com/ferryhq/ferry/otelferry"
 )
 
@@ -286,7 +287,7 @@ func (k stepKind) needsUndo() bool { return k == stepUnauthorized || k == stepFa
 func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m *message, dryRun, claimOnly bool) (stepResult, error) {
 	ev := m.ev
 	if ib.cfg.schemas != nil && !ib.cfg.schemas[SchemaKey{ev.EventType, ev.SchemaVersion}] {
-		return stepResult{kind: stepSchema, err: fmt.Errorf("event type %q schema version %d is not supported by this consumer", sanitize(ev.EventType, 128), ev.SchemaVersion)}, nil
+		return stepResult{kind: stepSchema, err: fmt.Errorf("event type %q schema version %d is not supported by this consumer", sanitize.Text(ev.EventType, 128), ev.SchemaVersion)}, nil
 	}
 	c, err := ib.claim(ctx, exec, m, ib.cfg.now().UTC())
 	if err != nil {
@@ -359,7 +360,7 @@ func (ib *Inbox[TTx]) park(ctx context.Context, exec driver.Executor, m *message
 		fp = m.fp[:]
 		key = ev.TenantID + "/" + ev.ID.String() + "/" + hex.EncodeToString(fp)
 		if m.d != nil {
-			rawDest, rawKey = sanitize(m.d.Raw.Destination, 1024), sanitize(m.d.Raw.Key, 1024)
+			rawDest, rawKey = sanitize.Text(m.d.Raw.Destination, 1024), sanitize.Text(m.d.Raw.Key, 1024)
 		}
 	}
 	if ev.ID != uuid.Nil {
@@ -385,7 +386,7 @@ func (ib *Inbox[TTx]) park(ctx context.Context, exec driver.Executor, m *message
 	attempts := max(m.attempt, 1)
 	h := ev.Headers
 	var id int64
-	err := queryRow(ctx, exec, ib.q.park, []any{ib.name, string(reason), key, attempts, now, sanitize(errText, maxErrorBytes),
+	err := queryRow(ctx, exec, ib.q.park, []any{ib.name, string(reason), key, attempts, now, sanitize.Text(errText, sanitize.MaxErrorBytes),
 		ev.TenantID, eventID, ev.AggregateType, ev.AggregateID, ev.AggregateSeq, ev.EventType, ev.SchemaVersion, ev.ContentType, payload,
 		occurred, ev.Topic, h.Traceparent, h.CorrelationID, h.CausationID, h.Principal, h.Action, h.Target,
 		fp, otherFP, rawDest, rawKey, rawHeaders, rawBody}, nil, &id)
@@ -395,40 +396,14 @@ func (ib *Inbox[TTx]) park(ctx context.Context, exec driver.Executor, m *message
 	return id, nil
 }
 
-// maxErrorBytes bounds the stored error text.
-const maxErrorBytes = 1024
-
-// sanitize makes s storable and loggable: valid UTF-8, no control
-// characters, at most max bytes.
-func sanitize(s string, max int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			if r == '\n' || r == '\t' {
-				return ' '
-			}
-			return -1
-		}
-		return r
-	}, s)
-	if len(s) <= max {
-		return s
-	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
-
 // sanitizeEvent makes the text fields of an invalid event storable.
 func sanitizeEvent(ev ferry.Event) ferry.Event {
 	const n = 1024
-	ev.TenantID, ev.AggregateType, ev.AggregateID = sanitize(ev.TenantID, n), sanitize(ev.AggregateType, n), sanitize(ev.AggregateID, n)
-	ev.EventType, ev.ContentType, ev.Topic = sanitize(ev.EventType, n), sanitize(ev.ContentType, n), sanitize(ev.Topic, n)
+	ev.TenantID, ev.AggregateType, ev.AggregateID = sanitize.Text(ev.TenantID, n), sanitize.Text(ev.AggregateType, n), sanitize.Text(ev.AggregateID, n)
+	ev.EventType, ev.ContentType, ev.Topic = sanitize.Text(ev.EventType, n), sanitize.Text(ev.ContentType, n), sanitize.Text(ev.Topic, n)
 	h := &ev.Headers
-	h.Traceparent, h.CorrelationID, h.CausationID = sanitize(h.Traceparent, n), sanitize(h.CorrelationID, n), sanitize(h.CausationID, n)
-	h.Principal, h.Action, h.Target = sanitize(h.Principal, n), sanitize(h.Action, n), sanitize(h.Target, n)
+	h.Traceparent, h.CorrelationID, h.CausationID = sanitize.Text(h.Traceparent, n), sanitize.Text(h.CorrelationID, n), sanitize.Text(h.CausationID, n)
+	h.Principal, h.Action, h.Target = sanitize.Text(h.Principal, n), sanitize.Text(h.Action, n), sanitize.Text(h.Target, n)
 	if ev.SchemaVersion < 0 || ev.SchemaVersion > 1<<30 {
 		ev.SchemaVersion = 0
 	}
@@ -445,7 +420,7 @@ func (ib *Inbox[TTx]) rawForPark(d *broker.Delivery) (dest, key, headers string,
 		return "", "", "", nil, ""
 	}
 	limit := ib.cfg.maxRawBytes
-	dest, key = sanitize(d.Raw.Destination, 1024), sanitize(d.Raw.Key, 1024)
+	dest, key = sanitize.Text(d.Raw.Destination, 1024), sanitize.Text(d.Raw.Key, 1024)
 	// JSON escapes invalid UTF-8 and control bytes, so any header map is storable.
 	hm := make(map[string]string, len(d.Raw.Headers))
 	for _, k := range slices.Sorted(maps.Keys(d.Raw.Headers)) {

@@ -13,6 +13,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/sanitize"
 )
 
 // Parked is a message the inbox kept instead of applying or dropping.
@@ -70,7 +71,7 @@ func (ib *Inbox[TTx]) ListParked(ctx context.Context, f ParkedFilter) ([]Parked,
 		return nil, &ferry.ConfigError{Field: "filter.limit", Reason: fmt.Sprintf("must be in 1..%d, got %d", MaxListLimit, f.Limit)}
 	}
 	if f.Reason != "" && reasonIndex(f.Reason) < 0 {
-		return nil, &ferry.ConfigError{Field: "filter.reason", Reason: fmt.Sprintf("unknown reason %q", sanitize(string(f.Reason), 64))}
+		return nil, &ferry.ConfigError{Field: "filter.reason", Reason: fmt.Sprintf("unknown reason %q", sanitize.Text(string(f.Reason), 64))}
 	}
 	f.consumer = ib.name
 	sqlText, args := ib.q.listParked(ib.cfg.tables, f)
@@ -281,7 +282,7 @@ func (ib *Inbox[TTx]) replayOne(ctx context.Context, id int64, dryRun bool, befo
 func describeStep(sr stepResult, current Reason) (Outcome, Reason, string) {
 	errText := ""
 	if sr.err != nil {
-		errText = sanitize(sr.err.Error(), maxErrorBytes)
+		errText = sanitize.Error(sr.err)
 	}
 	switch sr.kind {
 	case stepApplied:
@@ -315,7 +316,7 @@ func (ib *Inbox[TTx]) replayParked(ctx context.Context, txv TTx, tx driver.Tx, p
 	if err != nil {
 		// A successor that cannot be replayed now stays parked; the heal
 		// sweep or an operator tries again. The outer message is unaffected.
-		ib.log.WarnContext(ctx, "parked successor not applied", "parked_id", p.ID, "event_id", p.Event.ID, slog.String(logattr.ErrKey, sanitize(err.Error(), maxErrorBytes)))
+		ib.log.WarnContext(ctx, "parked successor not applied", "parked_id", p.ID, "event_id", p.Event.ID, slog.String(logattr.ErrKey, sanitize.Error(err)))
 		return false, 0, nil
 	}
 	return done, seq, nil

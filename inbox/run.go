@@ -3,10 +3,10 @@ package inbox
 import (
 	"context"
 	"errors"
-	"hash/fnv"
 	"sync"
 	"time"
 
+	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/internal/logattr"
 )
@@ -114,13 +114,8 @@ func (ib *Inbox[TTx]) route(m *message) int {
 	if m.invalid != nil {
 		return 0
 	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(m.ev.TenantID))
-	_, _ = h.Write([]byte{0})
-	_, _ = h.Write([]byte(m.ev.AggregateType))
-	_, _ = h.Write([]byte{0})
-	_, _ = h.Write([]byte(m.ev.AggregateID))
-	return int(h.Sum32() % uint32(ib.cfg.workers))
+	// The shard hash: one aggregate, one worker.
+	return ferry.ShardFor(m.ev.TenantID, m.ev.AggregateType, m.ev.AggregateID, ib.cfg.workers)
 }
 
 // worker applies the messages of its aggregates, one transaction per

@@ -29,6 +29,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/ident"
 	"github.com/ferryhq/ferry/otelferry"
 )
 
@@ -124,7 +125,7 @@ func New[TTx any](drv driver.Driver[TTx], opts ...Option) (*Writer[TTx], error) 
 		if drv.Dialect() != driver.Postgres {
 			return nil, &ferry.ConfigError{Field: "notify", Reason: "LISTEN/NOTIFY needs Postgres"}
 		}
-		if len(cfg.notify) > 63 || !channelRE.MatchString(cfg.notify) {
+		if !ident.Valid(cfg.notify, ident.MaxChannel) {
 			return nil, &ferry.ConfigError{Field: "notify", Reason: "channel must match [a-z_][a-z0-9_]* and be at most 63 bytes"}
 		}
 	}
@@ -144,8 +145,6 @@ func New[TTx any](drv driver.Driver[TTx], opts ...Option) (*Writer[TTx], error) 
 	}
 	return w, nil
 }
-
-var channelRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
 // ShardCount returns the configured N.
 func (w *Writer[TTx]) ShardCount() int { return w.cfg.shards }

@@ -1,11 +1,12 @@
 package relay
 
 import (
-	"math/rand/v2"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ferryhq/ferry/internal/backoff"
 )
 
 // missingDests tracks destinations (event topics: a Kafka topic, a NATS
@@ -46,12 +47,8 @@ func (d *missingDests) failed(topic string, now time.Time, base, limit time.Dura
 	}
 	e.failures++
 	e.last = now
-	ceil := base
-	for i := 1; i < e.failures && ceil < limit; i++ {
-		ceil *= 2
-	}
-	ceil = max(min(ceil, limit), time.Millisecond)
-	return ceil/2 + time.Duration(rand.Int64N(int64(ceil/2)+1))
+	ceil := max(backoff.Ceil(base, limit, e.failures), time.Millisecond)
+	return backoff.Uniform(ceil/2, ceil)
 }
 
 // ok records a successful publish to topic; it reports whether topic was

@@ -15,6 +15,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/ident"
 )
 
 // DeadPolicy says what a dead row does to the later events of its aggregate.
@@ -269,7 +270,7 @@ func (c *config) check() error {
 		if c.listenPool == nil {
 			return bad("listener", "pool is nil")
 		}
-		if len(c.listenChannel) > 63 || !channelRE.MatchString(c.listenChannel) {
+		if !ident.Valid(c.listenChannel, ident.MaxChannel) {
 			return bad("listener", "channel must match [a-z_][a-z0-9_]* and be at most 63 bytes")
 		}
 	}

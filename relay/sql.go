@@ -3,14 +3,11 @@ package relay
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
 )
-
-var channelRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
 // queries holds the relay's SQL for one dialect, rendered once in New.
 //

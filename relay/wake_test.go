@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -106,20 +105,6 @@ func TestBackoffFullJitter(t *testing.T) {
 		if maxSeen < ceil*8/10 || len(distinct) < 1000 {
 			t.Fatalf("attempt %d: max %s of ceiling %s, %d distinct values: not full jitter", attempt, maxSeen, ceil, len(distinct))
 		}
-	}
-}
-
-func TestSanitize(t *testing.T) {
-	long := errors.New("broker said: " + strings.Repeat("é", 600) + "\n\x00tail")
-	got := sanitize(long)
-	if len(got) > maxErrorBytes+len("…") || strings.ContainsAny(got, "\n\x00") || !strings.HasPrefix(got, "broker said: ") {
-		t.Fatalf("sanitize: %q (len %d)", got, len(got))
-	}
-	if !strings.HasSuffix(got, "…") {
-		t.Fatalf("truncated error not marked: %q", got[len(got)-10:])
-	}
-	if sanitize(errors.New("bad \xff utf8")) != "bad ? utf8" {
-		t.Fatalf("invalid UTF-8 not replaced: %q", sanitize(errors.New("bad \xff utf8")))
 	}
 }
 

@@ -5,12 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sort"
-	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/attribute"
@@ -19,7 +15,9 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/backoff"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/sanitize"
 	"github.com/ferryhq/ferry/otelferry"
 )
 
@@ -130,7 +128,7 @@ func (r *Relay) probe(ctx context.Context) bool {
 			r.Notify() // resume now; helpers join if there is a backlog
 			return true
 		}
-		r.log.DebugContext(ctx, "broker probe failed", slog.String(logattr.ErrKey, sanitize(err)), "next_probe", min(2*d, r.cfg.probeMax))
+		r.log.DebugContext(ctx, "broker probe failed", slog.String(logattr.ErrKey, sanitize.Error(err)), "next_probe", min(2*d, r.cfg.probeMax))
 		d = min(2*d, r.cfg.probeMax)
 	}
 }
@@ -332,7 +330,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		}
 		blocked[k] = true
 		class := broker.ClassOf(res.Err)
-		fr := failedRow{ID: c.id, Fence: c.fence, Err: class.String() + ": " + sanitize(res.Err), Charge: 1}
+		fr := failedRow{ID: c.id, Fence: c.fence, Err: class.String() + ": " + sanitize.Error(res.Err), Charge: 1}
 		switch {
 		case errors.Is(res.Err, broker.ErrDestinationMissing):
 			// A configuration fault, not a poison event: the topic,
@@ -395,7 +393,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		if perr != nil {
 			r.setBreaker(BreakerOpen)
 			r.log.WarnContext(pctx, "broker unreachable; breaker open, attempts not charged",
-				"failed_rows", transient, slog.String(logattr.ErrKey, sanitize(perr)))
+				"failed_rows", transient, slog.String(logattr.ErrKey, sanitize.Error(perr)))
 			kept := failed[:0]
 			keptIdx := failedIdx[:0]
 			for j, fr := range failed {
@@ -480,39 +478,7 @@ func (r *Relay) mark(ctx context.Context, sql string, rows any, kind string) (in
 // backoff returns the delay before attempt+1: full jitter, uniform in
 // [0, min(max, base·2^(attempt-1))].
 func (r *Relay) backoff(attempt int) time.Duration {
-	ceil := r.cfg.backoffBase
-	for i := 1; i < attempt && ceil < r.cfg.backoffMax; i++ {
-		ceil *= 2
-	}
-	ceil = min(ceil, r.cfg.backoffMax)
-	return time.Duration(rand.Int64N(int64(ceil) + 1))
-}
-
-// maxErrorBytes bounds last_error.
-const maxErrorBytes = 512
-
-// sanitize turns an error into text safe to store and log: the error's own
-// message only (publishers never put payload in errors), control
-// characters replaced, valid UTF-8, at most maxErrorBytes.
-func sanitize(err error) string {
-	if err == nil {
-		return ""
-	}
-	s := strings.ToValidUTF8(err.Error(), "?")
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
-	if len(s) > maxErrorBytes {
-		cut := maxErrorBytes
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut] + "…"
-	}
-	return s
+	return backoff.Full(r.cfg.backoffBase, r.cfg.backoffMax, attempt)
 }
 
 // batchDestination is the topic every event of a batch goes to, or "" when

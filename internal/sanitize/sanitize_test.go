@@ -20,7 +20,7 @@ func TestText(t *testing.T) {
 		{"abcdef", 6, "abcdef"},
 		{"abcdefg", 6, "abc…"},
 		{"ééééé", 7, "éé…"}, // 10 bytes; a cut never splits a rune
-		{"abcdef", 2, "ab"},  // no room for the mark
+		{"abcdef", 2, "ab"}, // no room for the mark
 		{"abcdef", 0, ""},
 		{"abcdef", -1, ""},
 	} {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +15,9 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
+	ibackoff "github.com/ferryhq/ferry/internal/backoff"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/sanitize"
 )
 
 // Sentinel errors callers branch on with errors.Is.
@@ -110,11 +111,11 @@ func New(connString string, pub broker.Publisher, opts ...Option) (*Relay, error
 		return nil, &ferry.ConfigError{Field: "publisher", Reason: "must not be nil"}
 	}
 	if _, err := pgxpool.ParseConfig(connString); err != nil {
-		return nil, &ferry.ConfigError{Field: "conn_string", Reason: "not a valid Postgres connection string: " + sanitize(err)}
+		return nil, &ferry.ConfigError{Field: "conn_string", Reason: "not a valid Postgres connection string: " + dsnError(err)}
 	}
 	rc, err := pgconn.ParseConfig(connString)
 	if err != nil {
-		return nil, &ferry.ConfigError{Field: "conn_string", Reason: "not a valid Postgres connection string: " + sanitize(err)}
+		return nil, &ferry.ConfigError{Field: "conn_string", Reason: "not a valid Postgres connection string: " + dsnError(err)}
 	}
 	if rc.RuntimeParams == nil {
 		rc.RuntimeParams = map[string]string{}
@@ -139,13 +140,15 @@ func New(connString string, pub broker.Publisher, opts ...Option) (*Relay, error
 	return r, nil
 }
 
-// sanitize keeps an error message but never a password from a DSN.
-func sanitize(err error) string {
+// dsnError keeps an error message but never a password from a DSN: a
+// parse error may quote the connection string, so only its kind is kept;
+// any other message follows the one text rule (internal/sanitize).
+func dsnError(err error) string {
 	var pe *pgconn.ParseConfigError
 	if errors.As(err, &pe) {
 		return "parse error"
 	}
-	return err.Error()
+	return sanitize.Error(err)
 }
 
 // Status returns a snapshot of the relay's state and slot lag.
@@ -292,33 +295,24 @@ func resolveTarget(ctx context.Context, pool *pgxpool.Pool, t ferry.Tables) (tar
 	return tg, nil
 }
 
-// backoff is bounded exponential backoff with full jitter.
+// backoff is the session's retry state: the n-th delay is uniform in
+// [min/2, cur], cur = min(max, min·2^(n-1)) (internal/backoff). The floor
+// of min/2 keeps a failing session from reconnecting in a tight loop.
 type backoff struct {
 	min, max, cur time.Duration
+	n             int
 }
 
 func (b *backoff) next() time.Duration {
-	if b.cur < b.min {
-		b.cur = b.min
-	} else {
-		b.cur = min(b.cur*2, b.max)
-	}
-	return b.min/2 + rand.N(b.cur-b.min/2+1)
+	b.n++
+	b.cur = ibackoff.Ceil(b.min, b.max, b.n)
+	return ibackoff.Uniform(b.min/2, b.cur)
 }
 
-func (b *backoff) reset() { b.cur = 0 }
+func (b *backoff) reset() { b.cur, b.n = 0, 0 }
 
 // sleep waits d or until ctx ends; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+func sleep(ctx context.Context, d time.Duration) bool { return ibackoff.Sleep(ctx, d) }
 
 // monitor samples slot lag from pg_replication_slots into metrics and
 // Status, and raises (logs) an alert when it crosses the threshold.
