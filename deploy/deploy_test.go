@@ -187,7 +187,7 @@ func TestRequiredAlertsExist(t *testing.T) {
 		ops.MetricParkedOldest,       // parked oldest age
 		ops.MetricOldestGap,          // gap open > threshold
 		ops.MetricEffectsOldestUnknown,
-		"ferry_relay_owned_shards", // relay has no shards
+		ops.MetricRelayOwnedShards, // relay has no shards
 		ops.MetricCDCSlotLag,       // slot lag
 		ops.MetricSoftCap,          // outbox size cap
 	} {
@@ -321,11 +321,12 @@ func TestCheckFiring(t *testing.T) {
 	ctx := context.Background()
 	fams := []*dto.MetricFamily{
 		gauge(ops.MetricTopicOldestPending, 90, "topic", "orders"),
-		gauge(ops.MetricPendingTotal, 120),
+		gauge(ops.MetricTopicPending, 70, "topic", "orders"),
 		gauge(ops.MetricSoftCap, 100),
 		gauge(ops.MetricUp, 1),
 	}
 	fams[0].Metric = append(fams[0].Metric, gauge(ops.MetricTopicOldestPending, 10, "topic", "payments").Metric...)
+	fams[1].Metric = append(fams[1].Metric, gauge(ops.MetricTopicPending, 50, "topic", "payments").Metric...) // 120 in all
 	right := map[string][]map[string]string{
 		"FerryOutboxBacklogStale": {{"topic": "orders"}},
 		"FerryOutboxOverSoftCap":  {{}},

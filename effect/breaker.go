@@ -8,7 +8,7 @@ import (
 // BreakerState is a per-target circuit breaker's state.
 type BreakerState int
 
-// Breaker states; the numbers are the values of ferry_effect_breaker_state.
+// Breaker states; String gives the state label of ferry_effect_breaker_state.
 const (
 	BreakerClosed   BreakerState = 0 // calls flow
 	BreakerOpen     BreakerState = 1 // calls are held back until the cooldown ends

@@ -73,14 +73,16 @@
 // Every ledger row keeps its event id, consumer and step; [ByEvent] and
 // [ByKey] return state, provider operation id, attempts, reconciliations and
 // timestamps, e.g. "payment captured, provider id ch_42, at T". [Ledger.Stats]
-// counts intents by state and the age of the oldest unknown one. With
-// [WithRegisterer] the worker exports ferry_effect_intents{state},
-// ferry_effect_oldest_unknown_age_seconds,
+// counts intents by state and the age of the oldest unknown one; ops.Collector
+// exports the open ones as ferry_ops_effects{consumer,state} and
+// ferry_ops_effects_oldest_unknown_age_seconds{consumer}. With
+// [WithRegisterer] the worker exports what only it knows:
 // ferry_effect_reconciliations_total{target,outcome},
 // ferry_effect_attempts_total{target,outcome},
 // ferry_effect_attempts_per_effect{target,state},
-// ferry_effect_breaker_state{target} and
-// ferry_effect_breaker_transitions_total{target,to} (docs/EFFECTS.md).
+// ferry_effect_breaker_state{target,state} (1 for the current state) and
+// ferry_effect_breaker_transitions_total{target,to} (docs/OPERATIONS.md
+// lists every metric).
 // Logs carry keys and ids, never request or response bodies.
 //
 // # Crash experiments

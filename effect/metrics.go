@@ -5,13 +5,16 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/internal/metricname"
 )
 
-// metrics are the worker's Prometheus instruments (prefix ferry_effect_).
+// metrics are the worker's Prometheus instruments (prefix ferry_effect_):
+// only what this process knows. The intents by state and the oldest unknown
+// intent are facts of the ledger, exported once by ops.Collector
+// (ferry_ops_effects, ferry_ops_effects_oldest_unknown_age_seconds).
 // They exist even without a Registerer, so the code needs no nil checks.
 type metrics struct {
-	intents            *prometheus.GaugeVec
-	oldestUnknown      prometheus.Gauge
 	reconciliations    *prometheus.CounterVec
 	attempts           *prometheus.CounterVec
 	attemptsPerEffect  *prometheus.HistogramVec
@@ -21,40 +24,32 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		intents: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ferry_effect_intents",
-			Help: "Effect intents in the ledger by state (refreshed by the worker).",
-		}, []string{"state"}),
-		oldestUnknown: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "ferry_effect_oldest_unknown_age_seconds",
-			Help: "Age of the oldest intent whose outcome is unknown; 0 when none. Alert when it grows.",
-		}),
 		reconciliations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ferry_effect_reconciliations_total",
+			Name: metricname.Effect + "reconciliations_total",
 			Help: "Status queries run for unknown intents, by target and outcome (found, not_found, unknown).",
 		}, []string{"target", "outcome"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ferry_effect_attempts_total",
+			Name: metricname.Effect + "attempts_total",
 			Help: "Execution attempts by target and outcome (succeeded, failed, unknown, not_sent).",
 		}, []string{"target", "outcome"}),
 		attemptsPerEffect: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "ferry_effect_attempts_per_effect",
+			Name:    metricname.Effect + "attempts_per_effect",
 			Help:    "Execution attempts an intent needed, observed when it reaches succeeded or failed.",
 			Buckets: []float64{0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20},
 		}, []string{"target", "state"}),
 		breakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ferry_effect_breaker_state",
-			Help: "Per-target circuit breaker: 0 closed, 1 open, 2 half-open.",
-		}, []string{"target"}),
+			Name: metricname.Effect + "breaker_state",
+			Help: "Per-target circuit breaker state, one series per state (closed, open, half_open): 1 for the current state, 0 for the others.",
+		}, []string{"target", "state"}),
 		breakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ferry_effect_breaker_transitions_total",
+			Name: metricname.Effect + "breaker_transitions_total",
 			Help: "Per-target circuit breaker transitions, by the state entered.",
 		}, []string{"target", "to"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.intents, m.oldestUnknown, m.reconciliations, m.attempts,
+	for _, c := range []prometheus.Collector{m.reconciliations, m.attempts,
 		m.attemptsPerEffect, m.breakerState, m.breakerTransitions} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -65,4 +60,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// setBreaker exports s as target's current breaker state.
+func (m *metrics) setBreaker(target string, s BreakerState) {
+	for _, st := range []BreakerState{BreakerClosed, BreakerOpen, BreakerHalfOpen} {
+		v := 0.0
+		if st == s {
+			v = 1
+		}
+		m.breakerState.WithLabelValues(target, st.String()).Set(v)
+	}
 }

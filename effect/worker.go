@@ -63,7 +63,6 @@ type workerConfig struct {
 	rateBurst      int
 	breakerFails   int
 	breakerCool    time.Duration
-	statsInterval  time.Duration
 	reg            prometheus.Registerer
 	log            *slog.Logger
 	faults         Faults
@@ -124,11 +123,6 @@ func WithBreaker(failures int, cooldown time.Duration) WorkerOption {
 	return func(c *workerConfig) { c.breakerFails, c.breakerCool = failures, cooldown }
 }
 
-// WithStatsInterval is how often Run refreshes the ledger gauges (default 5s).
-func WithStatsInterval(d time.Duration) WorkerOption {
-	return func(c *workerConfig) { c.statsInterval = d }
-}
-
 // WithRegisterer registers the worker's metrics (ferry_effect_*) on reg.
 func WithRegisterer(reg prometheus.Registerer) WorkerOption {
 	return func(c *workerConfig) { c.reg = reg }
@@ -156,7 +150,7 @@ func NewWorker[TTx any](l *Ledger[TTx], exec Executor, rec Reconciler, opts ...W
 	cfg := workerConfig{
 		batch: 64, poll: 200 * time.Millisecond, lease: 30 * time.Second, callTimeout: 10 * time.Second,
 		maxAttempts: 5, backoffBase: 100 * time.Millisecond, backoffMax: time.Minute, concurrency: 16,
-		rateLimit: 100, rateBurst: 100, breakerFails: 5, breakerCool: 5 * time.Second, statsInterval: 5 * time.Second,
+		rateLimit: 100, rateBurst: 100, breakerFails: 5, breakerCool: 5 * time.Second,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -180,7 +174,6 @@ func NewWorker[TTx any](l *Ledger[TTx], exec Executor, rec Reconciler, opts ...W
 		{cfg.concurrency >= 1 && cfg.concurrency <= 10000, "effect.target_concurrency", fmt.Sprintf("must be in 1..10000, got %d", cfg.concurrency)},
 		{cfg.rateLimit > 0 && cfg.rateBurst >= 1, "effect.target_rate", fmt.Sprintf("need rate > 0 and burst >= 1, got %v/%d", cfg.rateLimit, cfg.rateBurst)},
 		{cfg.breakerFails >= 1 && cfg.breakerCool > 0, "effect.breaker", fmt.Sprintf("need failures >= 1 and cooldown > 0, got %d, %s", cfg.breakerFails, cfg.breakerCool)},
-		{cfg.statsInterval > 0, "effect.stats_interval", fmt.Sprintf("must be positive, got %s", cfg.statsInterval)},
 		{len(cfg.id) <= MaxNameBytes, "effect.worker_id", fmt.Sprintf("must be at most %d bytes", MaxNameBytes)},
 	}
 	for _, c := range checks {
@@ -216,14 +209,14 @@ func (w *Worker) targetFor(name string) *targetState {
 	}
 	t := &targetState{name: name, sem: make(chan struct{}, w.cfg.concurrency), limiter: rate.NewLimiter(w.cfg.rateLimit, w.cfg.rateBurst)}
 	t.breaker = &breaker{threshold: w.cfg.breakerFails, cooldown: w.cfg.breakerCool, onChange: func(from, to BreakerState) {
-		w.m.breakerState.WithLabelValues(name).Set(float64(to))
+		w.m.setBreaker(name, to)
 		w.m.breakerTransitions.WithLabelValues(name, to.String()).Inc()
 		w.log.Warn("effect breaker", "target", name, "from", from.String(), "to", to.String())
 		if w.cfg.onBreakerShift != nil {
 			w.cfg.onBreakerShift(name, from, to)
 		}
 	}}
-	w.m.breakerState.WithLabelValues(name).Set(0)
+	w.m.setBreaker(name, BreakerClosed)
 	w.target[name] = t
 	return t
 }
@@ -247,12 +240,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	slots := make(chan struct{}, w.cfg.batch)
-	nextStats := time.Time{}
 	for {
-		if now := time.Now(); !now.Before(nextStats) {
-			w.refreshStats(ctx)
-			nextStats = now.Add(w.cfg.statsInterval)
-		}
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
@@ -312,25 +300,6 @@ func (w *Worker) Work(ctx context.Context) (int, error) {
 	}
 	wg.Wait()
 	return len(rows), nil
-}
-
-// RefreshStats updates the ledger gauges now (Run does it periodically).
-func (w *Worker) RefreshStats(ctx context.Context) error {
-	st, err := stats(ctx, w.db.Executor(), w.sql, w.now().UTC())
-	if err != nil {
-		return err
-	}
-	for s, n := range st.ByState {
-		w.m.intents.WithLabelValues(string(s)).Set(float64(n))
-	}
-	w.m.oldestUnknown.Set(st.OldestUnknown.Seconds())
-	return nil
-}
-
-func (w *Worker) refreshStats(ctx context.Context) {
-	if err := w.RefreshStats(ctx); err != nil && ctx.Err() == nil {
-		w.log.WarnContext(ctx, "effect stats refresh failed", logattr.Err(err))
-	}
 }
 
 // row is a claimed intent.

@@ -6,11 +6,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/internal/metricname"
 )
 
-// metrics are the ferry_inbox_* series, labelled with the consumer name.
-// Counters are kept in process; the parked and gap gauges are read from
-// the database at scrape time, so they are true across instances.
+// metrics are the ferry_inbox_* series, labelled with the consumer name:
+// what this process knows (counters of its own work, the handler's time,
+// the broker's lag) and the overdue-gap count, which depends on this
+// consumer's [WithGapAlert]. The open parked rows and gaps are facts of the
+// tables, exported once by ops.Collector (ferry_ops_inbox_*).
 type metrics struct {
 	applied, duplicates, stale, collisions, retries, ackErrors prometheus.Counter
 	parked                                                     *prometheus.CounterVec
@@ -21,7 +25,7 @@ type metrics struct {
 func newMetrics(consumer string, reg prometheus.Registerer, collect func(ctx context.Context) (gaugeSnapshot, error)) (*metrics, error) {
 	labels := prometheus.Labels{"consumer": consumer}
 	counter := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "inbox", Name: name, Help: help, ConstLabels: labels})
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: metricname.Inbox + name, Help: help, ConstLabels: labels})
 	}
 	m := &metrics{
 		applied:    counter("applied_total", "Events whose effect committed (including parked successors and replays)."),
@@ -30,9 +34,9 @@ func newMetrics(consumer string, reg prometheus.Registerer, collect func(ctx con
 		collisions: counter("collisions_total", "Deliveries with a known (tenant, event id) but a different fingerprint; parked."),
 		retries:    counter("retries_total", "Deliveries rolled back and left for redelivery (handler or database error)."),
 		ackErrors:  counter("ack_errors_total", "Broker acks that failed after the commit (the redelivery is absorbed as a duplicate)."),
-		parked: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "inbox", Name: "parked_total",
+		parked: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricname.Inbox + "parked_total",
 			Help: "Park events by reason (a redelivered parked message counts again).", ConstLabels: labels}, []string{"reason"}),
-		handlerSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "ferry", Subsystem: "inbox", Name: "handler_duration_seconds",
+		handlerSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: metricname.Inbox + "handler_duration_seconds",
 			Help: "Time spent in the handler per event.", ConstLabels: labels,
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}}),
 		gauges: newGaugeCollector(labels, collect),
@@ -50,10 +54,7 @@ func newMetrics(consumer string, reg prometheus.Registerer, collect func(ctx con
 
 // gaugeSnapshot is what the scrape-time query returns.
 type gaugeSnapshot struct {
-	parked      map[Reason]int64
-	oldestAge   map[Reason]float64 // seconds
-	gapsOpen    int64              // aggregates with at least one parked gap message
-	gapsOverdue int64              // parked gap messages older than the gap alert age
+	gapsOverdue int64 // parked gap messages older than the gap alert age
 	lag         float64
 	lagKnown    bool
 }
@@ -61,29 +62,24 @@ type gaugeSnapshot struct {
 var _ prometheus.Collector = (*gaugeCollector)(nil)
 
 type gaugeCollector struct {
-	collect                                           func(ctx context.Context) (gaugeSnapshot, error)
-	parked, oldest, gapsOpen, gapOldest, overdue, lag *prometheus.Desc
-	up                                                *prometheus.Desc
+	collect          func(ctx context.Context) (gaugeSnapshot, error)
+	overdue, lag, up *prometheus.Desc
 }
 
 func newGaugeCollector(labels prometheus.Labels, collect func(ctx context.Context) (gaugeSnapshot, error)) *gaugeCollector {
 	d := func(name, help string, vars ...string) *prometheus.Desc {
-		return prometheus.NewDesc(prometheus.BuildFQName("ferry", "inbox", name), help, vars, labels)
+		return prometheus.NewDesc(metricname.Inbox+name, help, vars, labels)
 	}
 	return &gaugeCollector{
-		collect:   collect,
-		parked:    d("parked", "Open parked messages by reason.", "reason"),
-		oldest:    d("parked_oldest_age_seconds", "Age of the oldest open parked message by reason.", "reason"),
-		gapsOpen:  d("gaps_open", "Aggregates waiting for a missing event (with parked gap successors)."),
-		gapOldest: d("gap_oldest_age_seconds", "Age of the oldest open gap."),
-		overdue:   d("gaps_overdue", "Parked gap messages older than the configured gap alert age: alert on > 0."),
-		lag:       d("consumer_lag", "Messages the broker holds for this consumer not yet delivered (where the adapter reports it)."),
-		up:        d("stats_up", "1 when the scrape-time database query for the gauges succeeded."),
+		collect: collect,
+		overdue: d("gaps_overdue", "Parked gap messages older than this consumer's gap alert age (WithGapAlert): alert on > 0."),
+		lag:     d("consumer_lag", "Messages the broker holds for this consumer not yet delivered (where the adapter reports it)."),
+		up:      d("stats_up", "1 when the scrape-time database query for ferry_inbox_gaps_overdue succeeded."),
 	}
 }
 
 func (g *gaugeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{g.parked, g.oldest, g.gapsOpen, g.gapOldest, g.overdue, g.lag, g.up} {
+	for _, d := range []*prometheus.Desc{g.overdue, g.lag, g.up} {
 		ch <- d
 	}
 }
@@ -97,12 +93,6 @@ func (g *gaugeCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(g.up, prometheus.GaugeValue, 1)
-	for _, r := range allReasons {
-		ch <- prometheus.MustNewConstMetric(g.parked, prometheus.GaugeValue, float64(s.parked[r]), string(r))
-		ch <- prometheus.MustNewConstMetric(g.oldest, prometheus.GaugeValue, s.oldestAge[r], string(r))
-	}
-	ch <- prometheus.MustNewConstMetric(g.gapsOpen, prometheus.GaugeValue, float64(s.gapsOpen))
-	ch <- prometheus.MustNewConstMetric(g.gapOldest, prometheus.GaugeValue, s.oldestAge[ReasonGap])
 	ch <- prometheus.MustNewConstMetric(g.overdue, prometheus.GaugeValue, float64(s.gapsOverdue))
 	if s.lagKnown {
 		ch <- prometheus.MustNewConstMetric(g.lag, prometheus.GaugeValue, s.lag)
@@ -128,7 +118,8 @@ type ParkedSummary struct {
 }
 
 // Summary returns the open parked rows by reason and the number of
-// aggregates waiting on a gap (the same numbers the gauges export).
+// aggregates waiting on a gap (the numbers ops.Collector exports as
+// ferry_ops_inbox_parked and ferry_ops_inbox_open_gaps).
 func (ib *Inbox[TTx]) Summary(ctx context.Context) (map[Reason]ParkedSummary, int64, error) {
 	s, err := ib.summary(ctx)
 	if err != nil {
@@ -198,14 +189,7 @@ func (ib *Inbox[TTx]) collectGauges(ctx context.Context) (gaugeSnapshot, error) 
 	if err != nil {
 		return gaugeSnapshot{}, err
 	}
-	now := ib.cfg.now()
-	g := gaugeSnapshot{parked: map[Reason]int64{}, oldestAge: map[Reason]float64{}, gapsOpen: s.gapsOpen, gapsOverdue: s.gapsOverdue}
-	for r, ps := range s.byReason {
-		g.parked[r] = ps.Count
-		if !ps.Oldest.IsZero() {
-			g.oldestAge[r] = max(0, now.Sub(ps.Oldest).Seconds())
-		}
-	}
+	g := gaugeSnapshot{gapsOverdue: s.gapsOverdue}
 	if ib.cfg.lag != nil {
 		if n, err := ib.cfg.lag(ctx); err == nil {
 			g.lag, g.lagKnown = float64(n), true

@@ -89,7 +89,7 @@
 // fast with [ErrOutboxFull] when the outbox holds a hard cap of pending
 // rows, instead of filling the disk while the relay is down; the count is
 // bounded by the cap and cached for a refresh interval. The soft cap is an
-// alert (ferry_ops_outbox_soft_cap vs ferry_ops_outbox_pending_total).
+// alert (ferry_ops_outbox_soft_cap vs sum(ferry_ops_outbox_pending)).
 //
 // # Evidence
 //

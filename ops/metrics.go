@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/metricname"
 )
 
 // Collector exports Status as Prometheus metrics (prefix ferry_ops_),
@@ -18,31 +19,29 @@ import (
 //
 // Register it once per process: prometheus.MustRegister(ops.NewCollector(o)).
 type Collector struct {
-	o        *Ops
-	timeout  time.Duration
-	softCap  int64
-	hardCap  int64
-	up       *prometheus.Desc
-	section  *prometheus.Desc
-	pending  *prometheus.Desc
-	oldest   *prometheus.Desc
-	dead     *prometheus.Desc
-	discard  *prometheus.Desc
-	total    *prometheus.Desc
-	totalAge *prometheus.Desc
-	soft     *prometheus.Desc
-	hard     *prometheus.Desc
-	unowned  *prometheus.Desc
-	owned    *prometheus.Desc
-	live     *prometheus.Desc
-	parked   *prometheus.Desc
-	parkAge  *prometheus.Desc
-	gaps     *prometheus.Desc
-	gapAge   *prometheus.Desc
-	applied  *prometheus.Desc
-	effects  *prometheus.Desc
-	unknown  *prometheus.Desc
-	slotLag  *prometheus.Desc
+	o       *Ops
+	timeout time.Duration
+	softCap int64
+	hardCap int64
+	up      *prometheus.Desc
+	section *prometheus.Desc
+	pending *prometheus.Desc
+	oldest  *prometheus.Desc
+	dead    *prometheus.Desc
+	discard *prometheus.Desc
+	soft    *prometheus.Desc
+	hard    *prometheus.Desc
+	unowned *prometheus.Desc
+	owned   *prometheus.Desc
+	live    *prometheus.Desc
+	parked  *prometheus.Desc
+	parkAge *prometheus.Desc
+	gaps    *prometheus.Desc
+	gapAge  *prometheus.Desc
+	applied *prometheus.Desc
+	effects *prometheus.Desc
+	unknown *prometheus.Desc
+	slotLag *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -61,28 +60,30 @@ func WithCaps(soft, hard int64) CollectorOption {
 }
 
 // Metric names the Collector exports (a contract: deploy/ alerts use them).
+// The Collector is the one exporter of every fact read from Ferry's tables
+// (the backlog, dead letters, leases, parked messages, gaps, effect intents,
+// slot lag); the relay, inbox and effect worker export only what exists in
+// their own process (docs/OPERATIONS.md, "Metrics").
 const (
-	MetricUp                   = "ferry_ops_up"
-	MetricSectionUp            = "ferry_ops_section_up"
-	MetricTopicPending         = "ferry_ops_outbox_pending"
-	MetricTopicOldestPending   = "ferry_ops_outbox_oldest_pending_age_seconds"
-	MetricTopicDead            = "ferry_ops_outbox_dead"
-	MetricDiscarded            = "ferry_ops_outbox_discarded"
-	MetricPendingTotal         = "ferry_ops_outbox_pending_total"
-	MetricOldestPendingTotal   = "ferry_ops_outbox_max_pending_age_seconds"
-	MetricSoftCap              = "ferry_ops_outbox_soft_cap"
-	MetricHardCap              = "ferry_ops_outbox_hard_cap"
-	MetricUnownedShards        = "ferry_ops_relay_unowned_shards"
-	MetricRelayOwnedShards     = "ferry_ops_relay_owned_shards"
-	MetricRelayLive            = "ferry_ops_relay_live_instances"
-	MetricParked               = "ferry_ops_inbox_parked"
-	MetricParkedOldest         = "ferry_ops_inbox_parked_oldest_age_seconds"
-	MetricOpenGaps             = "ferry_ops_inbox_open_gaps"
-	MetricOldestGap            = "ferry_ops_inbox_oldest_gap_age_seconds"
-	MetricAppliedLastMinute    = "ferry_ops_inbox_applied_last_minute"
-	MetricEffects              = "ferry_ops_effects"
-	MetricEffectsOldestUnknown = "ferry_ops_effects_oldest_unknown_age_seconds"
-	MetricCDCSlotLag           = "ferry_ops_cdc_slot_lag_bytes"
+	MetricUp                   = metricname.Ops + "up"
+	MetricSectionUp            = metricname.Ops + "section_up"
+	MetricTopicPending         = metricname.Ops + "outbox_pending"
+	MetricTopicOldestPending   = metricname.Ops + "outbox_oldest_pending_age_seconds"
+	MetricTopicDead            = metricname.Ops + "outbox_dead"
+	MetricDiscarded            = metricname.Ops + "outbox_discarded"
+	MetricSoftCap              = metricname.Ops + "outbox_soft_cap"
+	MetricHardCap              = metricname.Ops + "outbox_hard_cap"
+	MetricUnownedShards        = metricname.Ops + "relay_unowned_shards"
+	MetricRelayOwnedShards     = metricname.Ops + "relay_owned_shards"
+	MetricRelayLive            = metricname.Ops + "relay_live_instances"
+	MetricParked               = metricname.Ops + "inbox_parked"
+	MetricParkedOldest         = metricname.Ops + "inbox_parked_oldest_age_seconds"
+	MetricOpenGaps             = metricname.Ops + "inbox_open_gaps"
+	MetricOldestGap            = metricname.Ops + "inbox_oldest_gap_age_seconds"
+	MetricLastApplied          = metricname.Ops + "inbox_last_applied_timestamp_seconds"
+	MetricEffects              = metricname.Ops + "effects"
+	MetricEffectsOldestUnknown = metricname.Ops + "effects_oldest_unknown_age_seconds"
+	MetricCDCSlotLag           = metricname.Ops + "cdc_slot_lag_bytes"
 )
 
 // NewCollector returns a Collector over o.
@@ -91,29 +92,27 @@ func NewCollector(o *Ops, opts ...CollectorOption) *Collector {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
 	c := &Collector{
-		o:        o,
-		timeout:  5 * time.Second,
-		up:       d(MetricUp, "1 when the last scrape read every table that should exist, 0 when any section failed or the database was unreachable."),
-		section:  d(MetricSectionUp, "Per status section (outbox, relay, inbox, effects, ops, cdc) that should exist: 1 when read, 0 when a table is missing or unreadable; absent for a section that is not installed.", "section"),
-		pending:  d(MetricTopicPending, "Pending outbox rows per topic.", "topic"),
-		oldest:   d(MetricTopicOldestPending, "Age (now - created_at) of the oldest pending outbox row per topic; 0 when none.", "topic"),
-		dead:     d(MetricTopicDead, "Dead letters (dead, not discarded) per topic.", "topic"),
-		discard:  d(MetricDiscarded, "Discarded dead letters kept for evidence."),
-		total:    d(MetricPendingTotal, "Pending outbox rows in all topics (compare with the caps)."),
-		totalAge: d(MetricOldestPendingTotal, "Age of the oldest pending outbox row in any topic; 0 when none."),
-		soft:     d(MetricSoftCap, "Configured soft cap on pending outbox rows (alert threshold)."),
-		hard:     d(MetricHardCap, "Configured hard cap on pending outbox rows (producers fail fast beyond it)."),
-		unowned:  d(MetricUnownedShards, "Shards with pending rows and no live relay lease."),
-		owned:    d(MetricRelayOwnedShards, "Shards leased by each relay instance.", "instance"),
-		live:     d(MetricRelayLive, "Relay instances with a live heartbeat."),
-		parked:   d(MetricParked, "Open parked messages per consumer and reason.", "consumer", "reason"),
-		parkAge:  d(MetricParkedOldest, "Age of the oldest open parked message per consumer and reason.", "consumer", "reason"),
-		gaps:     d(MetricOpenGaps, "Aggregates with an open sequence gap per consumer.", "consumer"),
-		gapAge:   d(MetricOldestGap, "Age of the oldest open gap per consumer.", "consumer"),
-		applied:  d(MetricAppliedLastMinute, "Events applied by each consumer in the last minute.", "consumer"),
-		effects:  d(MetricEffects, "Effect intents per consumer and state.", "consumer", "state"),
-		unknown:  d(MetricEffectsOldestUnknown, "Age of the oldest effect intent in state unknown per consumer.", "consumer"),
-		slotLag:  d(MetricCDCSlotLag, "WAL bytes retained for each CDC replication slot.", "slot"),
+		o:       o,
+		timeout: 5 * time.Second,
+		up:      d(MetricUp, "1 when the last scrape read every table that should exist, 0 when any section failed or the database was unreachable."),
+		section: d(MetricSectionUp, "Per status section (outbox, relay, inbox, effects, ops, cdc) that should exist: 1 when read, 0 when a table is missing or unreadable; absent for a section that is not installed.", "section"),
+		pending: d(MetricTopicPending, "Pending outbox rows per topic.", "topic"),
+		oldest:  d(MetricTopicOldestPending, "Age (now - created_at) of the oldest pending outbox row per topic; 0 when none.", "topic"),
+		dead:    d(MetricTopicDead, "Dead letters (dead, not discarded) per topic.", "topic"),
+		discard: d(MetricDiscarded, "Discarded dead letters kept for evidence."),
+		soft:    d(MetricSoftCap, "Configured soft cap on pending outbox rows (alert threshold)."),
+		hard:    d(MetricHardCap, "Configured hard cap on pending outbox rows (producers fail fast beyond it)."),
+		unowned: d(MetricUnownedShards, "Shards with pending rows and no live relay lease."),
+		owned:   d(MetricRelayOwnedShards, "Shards leased by each live relay instance (heartbeat not expired); the label is not \"instance\", which Prometheus sets to the scrape target.", "relay_instance"),
+		live:    d(MetricRelayLive, "Relay instances with a live heartbeat."),
+		parked:  d(MetricParked, "Open parked messages per consumer and reason.", "consumer", "reason"),
+		parkAge: d(MetricParkedOldest, "Age of the oldest open parked message per consumer and reason.", "consumer", "reason"),
+		gaps:    d(MetricOpenGaps, "Aggregates with an open sequence gap per consumer.", "consumer"),
+		gapAge:  d(MetricOldestGap, "Age of the oldest open gap per consumer.", "consumer"),
+		applied: d(MetricLastApplied, "Unix time of the newest applied event each consumer's inbox table holds; absent before the first. The applied rate is rate(ferry_inbox_applied_total), a counter of the consumer process.", "consumer"),
+		effects: d(MetricEffects, "Effect intents per consumer and state.", "consumer", "state"),
+		unknown: d(MetricEffectsOldestUnknown, "Age of the oldest effect intent in state unknown per consumer.", "consumer"),
+		slotLag: d(MetricCDCSlotLag, "WAL bytes retained for each CDC replication slot.", "slot"),
 	}
 	for _, opt := range opts {
 		opt(c)
@@ -123,7 +122,7 @@ func NewCollector(o *Ops, opts ...CollectorOption) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.section, c.pending, c.oldest, c.dead, c.discard, c.total, c.totalAge, c.soft, c.hard,
+	for _, d := range []*prometheus.Desc{c.up, c.section, c.pending, c.oldest, c.dead, c.discard, c.soft, c.hard,
 		c.unowned, c.owned, c.live, c.parked, c.parkAge, c.gaps, c.gapAge, c.applied, c.effects, c.unknown, c.slotLag} {
 		ch <- d
 	}
@@ -170,8 +169,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			g(c.dead, float64(t.Dead), t.Topic)
 		}
 		g(c.discard, float64(st.Outbox.Discarded))
-		g(c.total, float64(st.Outbox.Pending))
-		g(c.totalAge, st.Outbox.OldestPendingAge)
 	}
 	if st.SectionOK(SectionRelay) {
 		if st.SectionOK(SectionOutbox) {
@@ -179,8 +176,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		live := 0
 		for _, r := range st.Relays {
-			g(c.owned, float64(len(r.OwnedShards)), r.InstanceID)
 			if r.Live {
+				g(c.owned, float64(len(r.OwnedShards)), r.InstanceID)
 				live++
 			}
 		}
@@ -193,7 +190,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		g(c.gaps, float64(cs.OpenGaps), cs.Consumer)
 		g(c.gapAge, cs.OldestGapAge, cs.Consumer)
-		g(c.applied, float64(cs.AppliedLastMinute), cs.Consumer)
+		if cs.LastAppliedAt != nil {
+			g(c.applied, float64(cs.LastAppliedAt.UnixNano())/1e9, cs.Consumer)
+		}
 	}
 	for _, e := range st.Effects {
 		for state, n := range e.ByState {
@@ -208,8 +207,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // MetricNames lists every metric the Collector exports.
 func MetricNames() []string {
-	return []string{MetricUp, MetricSectionUp, MetricTopicPending, MetricTopicOldestPending, MetricTopicDead, MetricDiscarded, MetricPendingTotal,
-		MetricOldestPendingTotal, MetricSoftCap, MetricHardCap, MetricUnownedShards, MetricRelayOwnedShards, MetricRelayLive,
-		MetricParked, MetricParkedOldest, MetricOpenGaps, MetricOldestGap, MetricAppliedLastMinute, MetricEffects,
+	return []string{MetricUp, MetricSectionUp, MetricTopicPending, MetricTopicOldestPending, MetricTopicDead, MetricDiscarded,
+		MetricSoftCap, MetricHardCap, MetricUnownedShards, MetricRelayOwnedShards, MetricRelayLive,
+		MetricParked, MetricParkedOldest, MetricOpenGaps, MetricOldestGap, MetricLastApplied, MetricEffects,
 		MetricEffectsOldestUnknown, MetricCDCSlotLag}
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/internal/metricname"
 )
 
 // metrics are the reference pipeline's Prometheus series, registered in
@@ -20,9 +22,9 @@ type metrics struct {
 
 func newMetrics(reg *prometheus.Registry) *metrics {
 	m := &metrics{
-		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_prove_published_total", Help: "Events published by the reference relay."}, []string{"event_type"}),
-		applied:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_prove_applied_total", Help: "Events applied by the reference inbox."}, []string{"tenant", "event_type"}),
-		parked:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_prove_parked_total", Help: "Messages parked by the reference inbox."}, []string{"reason"}),
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricname.Prove + "published_total", Help: "Events published by the reference relay."}, []string{"event_type"}),
+		applied:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricname.Prove + "applied_total", Help: "Events applied by the reference inbox."}, []string{"tenant", "event_type"}),
+		parked:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricname.Prove + "parked_total", Help: "Messages parked by the reference inbox."}, []string{"reason"}),
 	}
 	reg.MustRegister(m.published, m.applied, m.parked)
 	return m

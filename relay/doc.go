@@ -128,14 +128,15 @@
 //
 // # Observability
 //
-// Metrics (names are a contract; docs/RELAY.md lists them all):
-// ferry_outbox_pending, ferry_outbox_oldest_pending_age_seconds,
-// ferry_outbox_dead, ferry_relay_published_total,
+// Metrics (names are a contract; docs/OPERATIONS.md lists every Ferry
+// metric): the relay exports only its own work — ferry_relay_published_total,
 // ferry_relay_duplicates_total, ferry_relay_publish_latency_seconds,
 // ferry_relay_retries_total, ferry_relay_dead_total,
-// ferry_relay_fenced_writes_total, ferry_relay_breaker_open,
-// ferry_relay_owned_shards, ferry_relay_live_instances,
-// ferry_relay_broker_calls_total{op}, ferry_relay_batches_total.
+// ferry_relay_fenced_writes_total, ferry_relay_breaker_state{state},
+// ferry_relay_broker_calls_total{op}, ferry_relay_batches_total,
+// ferry_relay_cycle_phase_seconds{phase}, ferry_relay_destination_missing.
+// The backlog, dead letters and leases are facts of the tables, exported
+// once by ops.Collector (ferry_ops_outbox_*, ferry_ops_relay_*).
 // Logs (log/slog) carry event_id, aggregate, aggregate_seq, attempts and
 // relay_instance, never payloads. [Relay.Status] backs health checks;
 // [Status.Ready] is the readiness rule `ferry relay` serves on /readyz.

@@ -129,7 +129,8 @@ func TestKafkaOutage(t *testing.T) {
 	waitFor(t, 15*time.Second, "breaker open", func() bool { return r.Status().Breaker == BreakerOpen })
 	time.Sleep(2 * time.Second)
 	waitFor(t, 5*time.Second, "backlog visible in the gauges", func() bool {
-		return gauge(r.m.pending) == 100 && gauge(r.m.oldestAge) >= 1.5
+		pending, age, _ := s.backlog(t)
+		return pending == 100 && age >= 1.5 && gauge(r.m.breaker.WithLabelValues("open")) == 1
 	})
 	checkOutageHeld(t, s, pub, p0, g0, start, "kafka")
 

@@ -97,12 +97,11 @@ func (r *Relay) leaseTick(ctx context.Context) error {
 	r.mu.Lock()
 	n := len(r.owned)
 	r.mu.Unlock()
-	r.m.ownedShards.Set(float64(n))
-	r.m.liveInstances.Set(float64(live))
 	if n > before {
 		r.Notify()
 	}
-	return r.refreshStats(ctx)
+	r.refreshMissing() // expires destinations nothing failed on lately
+	return nil
 }
 
 // releaseExtras gives up the highest-numbered owned shards above keep
@@ -185,35 +184,4 @@ func (r *Relay) leaseRows(ctx context.Context, sql string, args ...any) (map[int
 		out[int(s)] = f
 	}
 	return out, rows.Err()
-}
-
-// refreshStats updates the backlog gauges for the owned shards.
-func (r *Relay) refreshStats(ctx context.Context) error {
-	r.refreshMissing() // expires destinations nothing failed on lately
-	shards, _ := r.ownedSnapshot()
-	if len(shards) == 0 {
-		r.m.pending.Set(0)
-		r.m.oldestAge.Set(0)
-		r.m.deadRows.Set(0)
-		return nil
-	}
-	rows, err := r.db.Executor().Query(ctx, r.q.stats, r.q.shardsParam(shards))
-	if err != nil {
-		return fmt.Errorf("relay: stats: %w", err)
-	}
-	defer rows.Close()
-	var pending, dead int64
-	var age float64
-	if rows.Next() {
-		if err := rows.Scan(&pending, &dead, &age); err != nil {
-			return fmt.Errorf("relay: stats: %w", err)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("relay: stats: %w", err)
-	}
-	r.m.pending.Set(float64(pending))
-	r.m.deadRows.Set(float64(dead))
-	r.m.oldestAge.Set(max(age, 0))
-	return nil
 }

@@ -5,75 +5,69 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/internal/metricname"
 )
 
-// metrics are the relay's Prometheus series. Names are a contract: alert
-// rules reference them (docs/RELAY.md lists them).
+// metrics are the relay's Prometheus series: only what this process knows
+// (its own work, its breaker). The backlog, dead letters and leases are
+// facts of the tables and are exported once, by ops.Collector
+// (ferry_ops_*). docs/OPERATIONS.md lists every metric.
 type metrics struct {
-	pending       prometheus.Gauge
-	oldestAge     prometheus.Gauge
-	deadRows      prometheus.Gauge
-	published     prometheus.Counter
-	duplicates    prometheus.Counter
-	latency       prometheus.Histogram
-	retries       prometheus.Counter
-	deadTotal     prometheus.Counter
-	fenced        prometheus.Counter
-	breaker       prometheus.Gauge
-	ownedShards   prometheus.Gauge
-	liveInstances prometheus.Gauge
-	brokerCalls   *prometheus.CounterVec
-	batches       prometheus.Counter
-	phase         *prometheus.HistogramVec
-	destMissing   prometheus.Gauge
+	published   prometheus.Counter
+	duplicates  prometheus.Counter
+	latency     prometheus.Histogram
+	retries     prometheus.Counter
+	deadTotal   prometheus.Counter
+	fenced      prometheus.Counter
+	breaker     *prometheus.GaugeVec
+	brokerCalls *prometheus.CounterVec
+	batches     prometheus.Counter
+	phase       *prometheus.HistogramVec
+	destMissing prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_outbox_pending",
-			Help: "Pending outbox rows in the shards this relay owns."}),
-		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_outbox_oldest_pending_age_seconds",
-			Help: "Age (now - created_at) of the oldest pending row in the shards this relay owns; 0 when none."}),
-		deadRows: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_outbox_dead",
-			Help: "Dead outbox rows (the dead-letter set) in the shards this relay owns."}),
-		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_relay_published_total",
+		published: prometheus.NewCounter(prometheus.CounterOpts{Name: metricname.Relay + "published_total",
 			Help: "Events acknowledged by the broker and marked sent."}),
-		duplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_relay_duplicates_total",
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: metricname.Relay + "duplicates_total",
 			Help: "Events the broker recognised as already stored (republished after a crash or lost lease)."}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ferry_relay_publish_latency_seconds",
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: metricname.Relay + "publish_latency_seconds",
 			Help:    "Time from an event's occurred_at to the broker's acknowledgement.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20)}),
-		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_relay_retries_total",
+		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: metricname.Relay + "retries_total",
 			Help: "Rows whose publish failed transiently and were scheduled for a retry."}),
-		deadTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_relay_dead_total",
+		deadTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: metricname.Relay + "dead_total",
 			Help: "Rows this relay moved to dead (permanent failure or max attempts)."}),
-		fenced: prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_relay_fenced_writes_total",
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{Name: metricname.Relay + "fenced_writes_total",
 			Help: "Row updates rejected because this relay's lease or fence was no longer current."}),
-		breaker: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_relay_breaker_open",
-			Help: "1 while the circuit breaker is open (broker unreachable, only probes are sent), else 0."}),
-		ownedShards: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_relay_owned_shards",
-			Help: "Shards this relay currently holds a lease on."}),
-		liveInstances: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_relay_live_instances",
-			Help: "Relay instances with a live heartbeat, as seen by this relay."}),
-		brokerCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_relay_broker_calls_total",
+		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricname.Relay + "breaker_state",
+			Help: "Circuit breaker state, one series per state (closed, open): 1 for the current state, 0 for the others. Open: broker unreachable, only probes are sent."},
+			[]string{"state"}),
+		brokerCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricname.Relay + "broker_calls_total",
 			Help: "Calls to the broker publisher, by op (publish, ping)."}, []string{"op"}),
-		batches: prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_relay_batches_total",
+		batches: prometheus.NewCounter(prometheus.CounterOpts{Name: metricname.Relay + "batches_total",
 			Help: "Claim-publish-mark cycles that published at least one row."}),
-		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ferry_relay_cycle_phase_seconds",
-			Help:    "Duration of each phase of a relay cycle (claim, publish, mark), for finding what limits throughput.",
+		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metricname.Relay + "cycle_phase_seconds",
+			Help:    "Duration of each phase of a relay cycle (claim, publish, mark_sent, mark_failed), for finding what limits throughput.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"phase"}),
-		destMissing: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_relay_destination_missing",
+		destMissing: prometheus.NewGauge(prometheus.GaugeOpts{Name: metricname.Relay + "destination_missing",
 			Help: "Destinations (Kafka topics, NATS subjects, RabbitMQ routing keys) the broker reported missing on the latest publish; their events are held (no attempt charged, never dead) until they exist. 0 when none."}),
 	}
-	// Both series exist from the start (at 0), so rate() and alerts see
+	// Every series exists from the start (at 0), so rate() and alerts see
 	// them before the first call.
 	m.brokerCalls.WithLabelValues("publish")
 	m.brokerCalls.WithLabelValues("ping")
+	for _, p := range []string{"claim", "publish", "mark_sent", "mark_failed"} {
+		m.phase.WithLabelValues(p)
+	}
+	m.setBreaker(BreakerClosed)
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.pending, m.oldestAge, m.deadRows, m.published, m.duplicates, m.latency,
-		m.retries, m.deadTotal, m.fenced, m.breaker, m.ownedShards, m.liveInstances, m.brokerCalls, m.batches, m.phase, m.destMissing} {
+	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.latency,
+		m.retries, m.deadTotal, m.fenced, m.breaker, m.brokerCalls, m.batches, m.phase, m.destMissing} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
@@ -83,4 +77,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// setBreaker exports s as the current breaker state.
+func (m *metrics) setBreaker(s BreakerState) {
+	for _, st := range []BreakerState{BreakerClosed, BreakerOpen} {
+		v := 0.0
+		if st == s {
+			v = 1
+		}
+		m.breaker.WithLabelValues(st.String()).Set(v)
+	}
 }

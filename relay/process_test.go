@@ -128,9 +128,10 @@ func TestThreeRelayProcesses(t *testing.T) {
 		t.Fatalf("/healthz = %d", code)
 	}
 	metrics := httpBody(t, "http://"+addr+"/metrics")
-	for _, name := range []string{"ferry_outbox_pending", "ferry_outbox_oldest_pending_age_seconds", "ferry_relay_published_total",
-		"ferry_relay_publish_latency_seconds_bucket", "ferry_relay_retries_total", "ferry_relay_dead_total", "ferry_outbox_dead",
-		"ferry_relay_breaker_open", "ferry_relay_owned_shards", "ferry_relay_broker_calls_total", "process_resident_memory_bytes"} {
+	for _, name := range []string{"ferry_relay_published_total",
+		"ferry_relay_publish_latency_seconds_bucket", "ferry_relay_retries_total", "ferry_relay_dead_total",
+		`ferry_relay_breaker_state{state="closed"} 1`, `ferry_relay_breaker_state{state="open"} 0`,
+		"ferry_relay_broker_calls_total", "process_resident_memory_bytes"} {
 		if !strings.Contains(metrics, name) {
 			t.Errorf("/metrics lacks %s", name)
 		}

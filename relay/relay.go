@@ -304,7 +304,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.owned = map[int]int64{}
 	r.releasing = map[int]bool{}
 	r.mu.Unlock()
-	r.m.ownedShards.Set(0)
 	r.crashed.Store(false)
 	if errors.Is(workerErr, ErrFaultInjected) {
 		r.log.WarnContext(ctx, "relay stopped by fault hook; leases kept as after a crash", logattr.Err(workerErr))
@@ -399,7 +398,7 @@ func (r *Relay) start(ctx context.Context) error {
 	r.validUntil = time.Now().Add(r.cfg.ttl)
 	r.breaker = BreakerClosed
 	r.mu.Unlock()
-	r.m.breaker.Set(0)
+	r.m.setBreaker(BreakerClosed)
 	if err := r.leaseTick(ctx); err != nil {
 		return err
 	}
@@ -474,11 +473,7 @@ func (r *Relay) setBreaker(s BreakerState) bool {
 	changed := r.breaker != s
 	r.breaker = s
 	r.mu.Unlock()
-	if s == BreakerOpen {
-		r.m.breaker.Set(1)
-	} else {
-		r.m.breaker.Set(0)
-	}
+	r.m.setBreaker(s)
 	if changed {
 		r.log.Warn("circuit breaker " + s.String())
 	}

@@ -96,7 +96,7 @@ func TestPoisonEvent(t *testing.T) {
 			if got := gauge(r.m.deadTotal); got != 1 {
 				t.Errorf("ferry_relay_dead_total = %v, want 1", got)
 			}
-			waitFor(t, 5*time.Second, "dead gauge", func() bool { return gauge(r.m.deadRows) == 1 })
+			waitFor(t, 5*time.Second, "dead gauge", func() bool { _, _, dead := s.backlog(t); return dead == 1 })
 		})
 	}
 }
@@ -132,10 +132,14 @@ func TestBrokerOutage(t *testing.T) {
 		return b
 	}
 	waitFor(t, 10*time.Second, "breaker open in relay_instances", func() bool { return breakerRow() == "open" })
-	waitFor(t, 10*time.Second, "pending gauge to show the backlog", func() bool { return gauge(r.m.pending) == 200 })
-	age1 := gauge(r.m.oldestAge)
+	waitFor(t, 10*time.Second, "pending gauge to show the backlog", func() bool { pending, _, _ := s.backlog(t); return pending == 200 })
+	_, age1, _ := s.backlog(t)
 	time.Sleep(3 * time.Second)
-	waitFor(t, 5*time.Second, "oldest-age gauge to rise", func() bool { return gauge(r.m.oldestAge) > age1+1 })
+	waitFor(t, 5*time.Second, "oldest-age gauge to rise", func() bool { _, age, _ := s.backlog(t); return age > age1+1 })
+	if gauge(r.m.breaker.WithLabelValues("open")) != 1 || gauge(r.m.breaker.WithLabelValues("closed")) != 0 {
+		t.Errorf("ferry_relay_breaker_state: open %v closed %v during the outage, want 1 and 0",
+			gauge(r.m.breaker.WithLabelValues("open")), gauge(r.m.breaker.WithLabelValues("closed")))
+	}
 	if st := r.Status(); st.Ready() {
 		t.Errorf("relay reports ready with the broker down: %+v", st)
 	}

@@ -37,7 +37,6 @@ type queries struct {
 	claim           string
 	markSent        string
 	markFailed      string
-	stats           string
 }
 
 // sqliteNow is SQLite's clock in the text format the outbox writer uses
@@ -58,7 +57,6 @@ func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts
 	var now string
 	var plus func(secs string) string // now + secs (a float8 expression)
 	var rowsOf func(param string, cols ...string) string
-	var shardIn string // "shard" restricted to the shards in $1
 	switch d {
 	case driver.Postgres:
 		now = "now()"
@@ -71,7 +69,6 @@ func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts
 			}
 			return fmt.Sprintf("jsonb_to_recordset(%s::jsonb) AS m(%s)", p, strings.Join(defs, ", "))
 		}
-		shardIn = "= ANY($1::int[])"
 	case driver.SQLite:
 		now = sqliteNow
 		plus = func(s string) string {
@@ -84,7 +81,6 @@ func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts
 			}
 			return fmt.Sprintf("(SELECT %s FROM json_each(%s)) AS m", strings.Join(sel, ", "), p)
 		}
-		shardIn = "IN (SELECT value FROM json_each($1))"
 	default:
 		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", d)}
 	}
@@ -209,20 +205,10 @@ WHERE %[1]s.id = m.id AND %[1]s.status = 'pending' AND %[4]s`,
 FROM %[3]s%[5]s
 WHERE %[1]s.id = m.id AND %[1]s.status = 'pending' AND %[4]s`,
 		outbox, plus("m.delay"), rowsOf("$2", "id", "fence", "delay", "dead", "err", "charge"), fence, async, withAsync)
-	if d == driver.Postgres {
-		q.stats = fmt.Sprintf(`SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'dead'),
-    COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
-FROM %s WHERE status <> 'sent' AND shard %s`, outbox, shardIn)
-	} else {
-		q.stats = fmt.Sprintf(`SELECT COALESCE(SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END), 0),
-    COALESCE(SUM(CASE WHEN status = 'dead' THEN 1 ELSE 0 END), 0),
-    COALESCE((julianday('now') - julianday(min(CASE WHEN status = 'pending' THEN created_at END))) * 86400.0, 0)
-FROM %s WHERE status <> 'sent' AND shard %s`, outbox, shardIn)
-	}
 	return q, nil
 }
 
-// shardsParam encodes a shard list for the dialect's shardIn/claim form.
+// shardsParam encodes a shard list for the dialect's claim form.
 func (q *queries) shardsParam(shards []int) any {
 	if q.dialect == driver.Postgres {
 		out := make([]int32, len(shards))

@@ -342,7 +342,6 @@ func (r *Relay) monitor(ctx context.Context, pool *pgxpool.Pool) {
 			if lb > 0 && !lastMove.IsZero() {
 				secs = now.Sub(lastMove).Seconds()
 			}
-			r.m.lagBytes.Set(float64(lb))
 			r.m.lagSeconds.Set(secs)
 			alert := (r.cfg.lagAlertBytes > 0 && lb > r.cfg.lagAlertBytes) ||
 				(r.cfg.lagAlertAge > 0 && secs > r.cfg.lagAlertAge.Seconds()) || ws == "lost" || ws == "unreserved"

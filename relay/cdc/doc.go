@@ -112,9 +112,9 @@
 // insert, so an idle outbox on a busy database does not pin WAL.
 // [WithHeartbeat] optionally writes a logical message periodically so the
 // position moves even with no other traffic. Lag is sampled from
-// pg_replication_slots into ferry_cdc_slot_lag_bytes and
-// ferry_cdc_slot_lag_seconds and [Status]; crossing [WithLagAlert] logs an
-// alert. Set max_slot_wal_keep_size so a stuck relay cannot fill the disk:
+// pg_replication_slots into [Status] and ferry_cdc_slot_lag_seconds (the
+// WAL bytes a slot retains are exported once, by ops.Collector, as
+// ferry_ops_cdc_slot_lag_bytes); crossing [WithLagAlert] logs an alert. Set max_slot_wal_keep_size so a stuck relay cannot fill the disk:
 // Postgres then invalidates the slot (wal_status = lost) instead.
 //
 // A lost slot (invalidated, or dropped while no relay ran) is detected at

@@ -5,9 +5,14 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/internal/metricname"
 )
 
-// metrics are the relay's Prometheus series, prefix ferry_cdc_.
+// metrics are the CDC relay's Prometheus series (prefix ferry_cdc_): only
+// what this process knows. The WAL a slot retains is read from
+// pg_replication_slots by ops.Collector (ferry_ops_cdc_slot_lag_bytes), the
+// one exporter of that fact.
 type metrics struct {
 	published   prometheus.Counter
 	dead        prometheus.Counter
@@ -16,7 +21,6 @@ type metrics struct {
 	catchUp     prometheus.Counter
 	reconciled  prometheus.Counter
 	lagAlerts   prometheus.Counter
-	lagBytes    prometheus.Gauge
 	lagSeconds  prometheus.Gauge
 	confirmed   prometheus.Gauge
 	active      prometheus.Gauge
@@ -27,10 +31,10 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer, slot string) (*metrics, error) {
 	labels := prometheus.Labels{"slot": slot}
 	counter := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "cdc", Name: name, Help: help, ConstLabels: labels})
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: metricname.CDC + name, Help: help, ConstLabels: labels})
 	}
 	gauge := func(name, help string) prometheus.Gauge {
-		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "ferry", Subsystem: "cdc", Name: name, Help: help, ConstLabels: labels})
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: metricname.CDC + name, Help: help, ConstLabels: labels})
 	}
 	m := &metrics{
 		published:   counter("published_total", "Events acknowledged by the broker (stream and catch-up)."),
@@ -40,12 +44,11 @@ func newMetrics(reg prometheus.Registerer, slot string) (*metrics, error) {
 		catchUp:     counter("catchup_events_total", "Pending rows re-published from the table after a slot was (re)created."),
 		reconciled:  counter("reconciled_events_total", "Rows found pending behind the slot's confirmed position and re-published and marked by the reconciler."),
 		lagAlerts:   counter("lag_alerts_total", "Times slot lag crossed the alert threshold."),
-		lagBytes:    gauge("slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot: WAL Postgres keeps for this relay."),
 		lagSeconds:  gauge("slot_lag_seconds", "Seconds since the slot's confirmed position last moved, while lag is positive."),
 		confirmed:   gauge("confirmed_lsn", "The LSN this relay confirmed to Postgres (as a number)."),
 		active:      gauge("active", "1 while this relay holds the slot and streams, 0 as standby."),
 		sessionErrs: counter("session_errors_total", "Replication sessions that ended with an error (reconnects)."),
-		ackLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "ferry", Subsystem: "cdc", Name: "commit_to_ack_seconds",
+		ackLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: metricname.CDC + "commit_to_ack_seconds",
 			Help: "Time from the outbox transaction's commit to the broker's acknowledgement.", ConstLabels: labels,
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}),
 	}
@@ -53,7 +56,7 @@ func newMetrics(reg prometheus.Registerer, slot string) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.published, m.dead, m.retries, m.slotLost, m.catchUp, m.reconciled, m.lagAlerts,
-		m.lagBytes, m.lagSeconds, m.confirmed, m.active, m.sessionErrs, m.ackLatency} {
+		m.lagSeconds, m.confirmed, m.active, m.sessionErrs, m.ackLatency} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
