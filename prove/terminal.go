@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 )
+
 // isTerminal reports whether w is a character device (a terminal).
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
