@@ -1,6 +1,8 @@
 package ferry
 
-import "github.com/ferryhq/ferry/internal/ident"
+import (
+	"github.com/ferryhq/ferry/internal/ident"
+)
 
 // Tables says where Ferry's tables live: an optional Postgres schema and a
 // name prefix (default "ferry_"). Both are validated as plain identifiers and

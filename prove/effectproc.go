@@ -215,6 +215,11 @@ func (e *env) runHTTPEffects(ctx context.Context, id, providerURL string, blindR
 		effect.WithWorkerID(id), effect.WithPollInterval(20*time.Millisecond),
 		effect.WithLease(effectProcLease), effect.WithCallTimeout(effectProcCallTimeout),
 		effect.WithBackoff(20*time.Millisecond, 200*time.Millisecond),
+		// The breaker's pause is scaled to the lease like the rest: with the
+		// default 5s cooldown, a breaker opened by timed-out calls under load
+		// held the remaining intents past settle's stall period, and the run
+		// ended with intents pending or unknown.
+		effect.WithBreaker(5, 500*time.Millisecond),
 		effect.WithLogger(e.log), effect.WithRegisterer(prometheus.NewRegistry()))
 	if err != nil {
 		return fmt.Errorf("prove: effect worker: %w", err)
