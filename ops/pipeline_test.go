@@ -465,7 +465,12 @@ func TestCleanupUnderLoadNeverReappliesRedeliveredEvents(t *testing.T) {
 		ctx := context.Background()
 		old := p.insert(t, event("old", "order.created"))[0]
 		mid := p.insert(t, event("mid", "order.created"))[0]
-		waitFor(t, "old and mid applied", func() bool { return p.applications(t, old.ID) == 1 && p.applications(t, mid.ID) == 1 })
+		// Applied is not yet sent: the relay marks after the broker's ack and
+		// the consumer may apply first. Cleanup deletes only sent rows.
+		waitFor(t, "old and mid applied and marked sent", func() bool {
+			return p.applications(t, old.ID) == 1 && p.applications(t, mid.ID) == 1 &&
+				count(t, p.env, fmt.Sprintf(`SELECT count(*) FROM %s WHERE status = 'sent' AND event_id IN ($1, $2)`, tn("outbox")), old.ID.String(), mid.ID.String()) == 2
+		})
 		// Age them: old beyond the 7-day window, mid inside it (2 days).
 		for _, a := range []struct {
 			id  uuid.UUID
