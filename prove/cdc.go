@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"sync"
 	"time"
 
@@ -132,15 +130,12 @@ func startCDCSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, restartsDo
 		for i := 0; ctx.Err() == nil; i++ {
 			job, _ := json.Marshal(workerJob{Role: "cdc", DatabaseURL: e.db.adminURL, Schema: e.db.schema, Transport: e.tr.job(),
 				ID: fmt.Sprintf("cdc-proc-%d", i), Broken: build})
-			cmd := exec.Command(argv[0], argv[1:]...)
-			cmd.Env = append(os.Environ(), WorkerEnv+"="+string(job))
-			if err := cmd.Start(); err != nil {
+			cmd, exited, err := startWorkerProc(argv, string(job))
+			if err != nil {
 				e.rec.err(fmt.Errorf("prove: start cdc worker: %w", err))
 				sleepCtx(ctx, 200*time.Millisecond)
 				continue
 			}
-			exited := make(chan struct{})
-			go func() { _ = cmd.Wait(); close(exited) }()
 			var timer <-chan time.Time
 			if kills < cdcRestarts {
 				var life time.Duration

@@ -152,15 +152,12 @@ func startSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, role string, 
 		}()
 		for i := 0; ctx.Err() == nil; i++ {
 			j := strings.Replace(string(job), `"id":"",`, fmt.Sprintf(`"id":"%s-proc-%d",`, role, i), 1)
-			cmd := exec.Command(argv[0], argv[1:]...)
-			cmd.Env = append(os.Environ(), WorkerEnv+"="+j)
-			if err := cmd.Start(); err != nil {
+			cmd, exited, err := startWorkerProc(argv, j)
+			if err != nil {
 				e.rec.err(fmt.Errorf("prove: start worker: %w", err))
 				sleepCtx(ctx, 200*time.Millisecond)
 				continue
 			}
-			exited := make(chan struct{})
-			go func() { _ = cmd.Wait(); close(exited) }()
 			var timer <-chan time.Time
 			if kills < sigkillKills {
 				timer = time.After(150*time.Millisecond + time.Duration(rng.Int64N(int64(350*time.Millisecond))))
@@ -241,4 +238,17 @@ func startStoppingRelay(ctx context.Context, wg *sync.WaitGroup, e *env, frozen,
 			}
 		}
 	}()
+}
+
+// startWorkerProc starts argv as a worker subprocess for job (WorkerEnv)
+// and returns it with a channel closed once it has exited and been reaped.
+func startWorkerProc(argv []string, job string) (*exec.Cmd, <-chan struct{}, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), WorkerEnv+"="+job)
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	return cmd, exited, nil
 }
