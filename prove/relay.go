@@ -145,10 +145,16 @@ func (r *refRelay) shard(ctx context.Context, shard int, fence int64) (int, erro
 	if r.pauseOnce != nil && r.pauseOnce.CompareAndSwap(true, false) {
 		r.env.faults.Add(1)
 		r.env.log.DebugContext(ctx, "prove: relay paused past its lease", slog.String("relay", r.id), slog.Int("shard", shard))
-		select {
-		case <-ctx.Done():
-			return 0, nil
-		case <-time.After(3 * r.ttl):
+		// Stall until another relay has taken the lease over (bounded), not
+		// a fixed time: a fixed stall either ends before the takeover or
+		// after the run has settled, and then there is no late mark to fence.
+		deadline := time.Now().Add(5 * r.ttl)
+		for time.Now().Before(deadline) && !r.leaseTakenOver(ctx, shard, fence) {
+			select {
+			case <-ctx.Done():
+				return 0, nil
+			case <-time.After(r.ttl / 10):
+			}
 		}
 	}
 	events := make([]ferry.Event, len(rows))
@@ -202,6 +208,18 @@ func (r *refRelay) shard(ctx context.Context, shard int, fence int64) (int, erro
 		return len(ok), fmt.Errorf("relay: publish: %w", firstErr)
 	}
 	return len(ok), nil
+}
+
+// leaseTakenOver reports whether shard's lease has moved past fence (another
+// relay took it after ours expired).
+func (r *refRelay) leaseTakenOver(ctx context.Context, shard int, fence int64) bool {
+	q, err := r.env.db.drv.Executor().Query(ctx, `SELECT fence FROM prove_lease WHERE shard = $1`, shard)
+	if err != nil {
+		return false
+	}
+	defer q.Close()
+	var f int64
+	return q.Next() && q.Scan(&f) == nil && f > fence
 }
 
 func (r *refRelay) fetch(ctx context.Context, shard int) ([]outboxRow, error) {
