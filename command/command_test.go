@@ -19,6 +19,7 @@ import (
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
@@ -295,19 +296,19 @@ func TestDatabaseSQLPostgres(t *testing.T) {
 func TestSQLite(t *testing.T) {
 	runSuite(t, func(t *testing.T) driver.Driver[*sql.Tx] {
 		db, _ := testenv.NewSQLite(t)
-		return databasesql.New(db, driver.SQLite)
+		return sqlite.New(db)
 	})
 }
 
 func TestExpiryShorterThanReplayWindowRefused(t *testing.T) {
-	_, err := command.New(databasesql.New(nil, driver.SQLite), command.WithExpiry(time.Hour), command.WithReplayWindow(2*time.Hour))
+	_, err := command.New(sqlite.New(nil), command.WithExpiry(time.Hour), command.WithReplayWindow(2*time.Hour))
 	if !errors.Is(err, ferry.ErrInvalidConfig) || !strings.Contains(err.Error(), "1h0m0s") || !strings.Contains(err.Error(), "2h0m0s") {
 		t.Fatalf("err = %v, want a config error naming 1h0m0s and 2h0m0s", err)
 	}
 }
 
 func TestRequestValidation(t *testing.T) {
-	r, err := command.New(databasesql.New(nil, driver.SQLite))
+	r, err := command.New(sqlite.New(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

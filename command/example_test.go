@@ -14,8 +14,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/command"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
 )
@@ -26,12 +25,12 @@ func Example() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "ferry-command-example")
 	defer os.RemoveAll(dir)
-	db, err := databasesql.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, err := sqlite.Open(filepath.Join(dir, "app.db"))
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		log.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/inbox"
@@ -149,7 +150,7 @@ func TestBrowserConsole(t *testing.T) {
 	}
 	applied = e.insert(t, applied...)
 
-	emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(t.TempDir()))
+	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +188,7 @@ func TestBrowserConsole(t *testing.T) {
 	})
 	for _, name := range []string{"billing", "shipping"} {
 		ib, err := inbox.New(drv, name, func(context.Context, pgx.Tx, ferry.Event) error { return nil },
-			inbox.WithRegisterer[pgx.Tx](prometheus.NewRegistry()), inbox.WithLogger[pgx.Tx](slog.New(slog.DiscardHandler)))
+			inbox.WithRegisterer(prometheus.NewRegistry()), inbox.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			t.Fatal(err)
 		}

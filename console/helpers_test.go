@@ -17,8 +17,8 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/ops"
@@ -69,7 +69,7 @@ func newEnv(t testing.TB, dialect string, cfg console.Config) *env {
 		return e
 	}
 	db, _ := testenv.NewSQLite(t)
-	return setup(t, dialect, databasesql.New(db, driver.SQLite), cfg)
+	return setup(t, dialect, sqlite.New(db), cfg)
 }
 
 func setup[TTx any](t testing.TB, name string, drv driver.Driver[TTx], cfg console.Config) *env {

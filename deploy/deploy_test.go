@@ -17,8 +17,8 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/effect"
 	"github.com/ferryhq/ferry/inbox"
 	"github.com/ferryhq/ferry/internal/testenv"
@@ -64,7 +64,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	rec := &recorder{}
 	rec.MustRegister(ops.NewCollector(nil))
 
-	emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(t.TempDir()))
+	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
 	if err != nil {
 		t.Fatalf("embedded nats: %v", err)
 	}
@@ -80,7 +80,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 
-	db := databasesql.New(nil, driver.SQLite)
+	db := sqlite.New(nil)
 	if _, err := relay.New(db, pub, relay.WithRegisterer(rec)); err != nil {
 		t.Fatalf("relay metrics: %v", err)
 	}
@@ -88,7 +88,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 		t.Fatalf("cdc metrics: %v", err)
 	}
 	if _, err := inbox.New(db, "deploy-test", func(context.Context, *sql.Tx, ferry.Event) error { return nil },
-		inbox.WithRegisterer[*sql.Tx](rec)); err != nil {
+		inbox.WithRegisterer(rec)); err != nil {
 		t.Fatalf("inbox metrics: %v", err)
 	}
 	ledger, err := effect.NewLedger(db)

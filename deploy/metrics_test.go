@@ -30,6 +30,7 @@ import (
 	"github.com/ferryhq/ferry/relay/cdc"
 
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 )
 
@@ -94,7 +95,7 @@ func ferryRegistries(t *testing.T) []builtRegistry {
 		}
 	}
 
-	emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(t.TempDir()))
+	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
 	if err != nil {
 		t.Fatalf("embedded nats: %v", err)
 	}
@@ -130,8 +131,8 @@ func ferryRegistries(t *testing.T) []builtRegistry {
 
 	inboxReg := prometheus.NewRegistry()
 	if _, err := inbox.New(drv, "billing", func(context.Context, pgx.Tx, ferry.Event) error { return nil },
-		inbox.WithRegisterer[pgx.Tx](metriclint.Children{Registerer: inboxReg}),
-		inbox.WithLag[pgx.Tx](func(context.Context) (int64, error) { return 3, nil })); err != nil {
+		inbox.WithRegisterer(metriclint.Children{Registerer: inboxReg}),
+		inbox.WithLag(func(context.Context) (int64, error) { return 3, nil })); err != nil {
 		t.Fatalf("inbox: %v", err)
 	}
 	out = append(out, builtRegistry{"inbox", inboxReg, []string{metricname.Inbox}})

@@ -5,8 +5,10 @@
 // pgx, database/sql and SQLite paths on one core, as river's riverdriver does:
 //
 //   - [github.com/ferryhq/ferry/driver/pgxv5]: pgx v5 pool and pgx.Tx.
-//   - [github.com/ferryhq/ferry/driver/databasesql]: *sql.DB and *sql.Tx, for
-//     Postgres through pgx's stdlib driver and for SQLite through modernc.org/sqlite.
+//   - [github.com/ferryhq/ferry/driver/databasesql]: *sql.DB and *sql.Tx in
+//     any dialect; it links no database client (register your own).
+//   - [github.com/ferryhq/ferry/driver/sqlite]: SQLite through
+//     modernc.org/sqlite, over the databasesql core.
 //
 // Statements use $1, $2… placeholders in both dialects.
 package driver

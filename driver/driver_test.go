@@ -5,13 +5,13 @@ import (
 	"testing"
 
 	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 )
 
 func TestQueryRow(t *testing.T) {
 	db, _ := testenv.NewSQLite(t)
-	exec := databasesql.New(db, driver.SQLite).Executor()
+	exec := sqlite.New(db).Executor()
 	ctx := context.Background()
 	if _, err := exec.Exec(ctx, `CREATE TABLE kv (k text PRIMARY KEY, v integer NOT NULL)`); err != nil {
 		t.Fatal(err)

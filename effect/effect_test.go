@@ -28,6 +28,7 @@ import (
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/effect"
 	"github.com/ferryhq/ferry/effect/effecthttp"
 	"github.com/ferryhq/ferry/internal/testenv"
@@ -86,7 +87,7 @@ func pgHarness(t *testing.T) *harness[pgx.Tx] {
 
 func sqliteHarness(t *testing.T) *harness[*sql.Tx] {
 	db, _ := testenv.NewSQLite(t)
-	return newHarness(t, driver.Driver[*sql.Tx](databasesql.New(db, driver.SQLite)))
+	return newHarness(t, driver.Driver[*sql.Tx](sqlite.New(db)))
 }
 
 // handle is what a consumer handler does for an "order placed" event: write
@@ -692,7 +693,7 @@ func TestWorkerConfigRefused(t *testing.T) {
 // unknown age (with an injected clock, so the figure is exact).
 func TestMetricsAndUnknownAge(t *testing.T) {
 	db, _ := testenv.NewSQLite(t)
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	ctx := context.Background()
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		t.Fatal(err)

@@ -37,8 +37,8 @@ func BenchmarkConsumePostgresNATS(b *testing.B) {
 					}
 				}
 			}
-			ib, err := New[pgx.Tx](s.drv, "bench", pgxEffect, WithBatch[pgx.Tx](mode.batch, 2*time.Millisecond),
-				WithWorkers[pgx.Tx](8), WithQueue[pgx.Tx](256), WithLogger[pgx.Tx](slog.New(slog.NewTextHandler(io.Discard, nil))))
+			ib, err := New[pgx.Tx](s.drv, "bench", pgxEffect, WithBatch(mode.batch, 2*time.Millisecond),
+				WithWorkers(8), WithQueue(256), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -224,8 +224,8 @@ func (ib *Inbox[TTx]) bulkPass(ctx context.Context, txv TTx, tx driver.Tx, msgs 
 
 	// Authorize and apply, in order.
 	for _, m := range claimed {
-		if ib.cfg.authorize != nil {
-			if err := ib.cfg.authorize(ctx, txv, m.ev); err != nil {
+		if ib.authorize != nil {
+			if err := ib.authorize(ctx, txv, m.ev); err != nil {
 				return errNeedSavepoints
 			}
 		}

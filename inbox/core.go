@@ -309,8 +309,8 @@ func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m 
 	if !c.claimed || (ib.cfg.ordering && !c.advanced) {
 		return stepResult{}, errConcurrent
 	}
-	if ib.cfg.authorize != nil {
-		if err := ib.cfg.authorize(ctx, tx, ev); err != nil {
+	if ib.authorize != nil {
+		if err := ib.authorize(ctx, tx, ev); err != nil {
 			return stepResult{kind: stepUnauthorized, err: err}, nil
 		}
 	}

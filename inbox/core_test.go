@@ -144,7 +144,7 @@ func TestStrictStartParksLateFirstEvent(t *testing.T) {
 			if len(openParked(t, strict, ReasonGap)) != 1 || len(effects(t, s.db)) != 0 {
 				t.Fatal("strict start: first event with seq 7 must be parked as a gap")
 			}
-			any := newInbox(t, s, nil, WithStartPolicy[*sql.Tx](StartAtFirstSeen))
+			any := newInbox(t, s, nil, WithStartPolicy(StartAtFirstSeen))
 			mustDeliver(t, any, event(t, "acme", "late2", 7, "x"))
 			mustDeliver(t, any, event(t, "acme", "late2", 8, "y"))
 			if got := seqs(effects(t, s.db)); got != "7,8" {
@@ -157,7 +157,7 @@ func TestStrictStartParksLateFirstEvent(t *testing.T) {
 func TestWithoutOrderingOnlyDedups(t *testing.T) {
 	for _, s := range stores(t) {
 		t.Run(s.name, func(t *testing.T) {
-			ib := newInbox(t, s, nil, WithoutOrdering[*sql.Tx]())
+			ib := newInbox(t, s, nil, WithoutOrdering())
 			e1, e3 := event(t, "acme", "o1", 1, "a"), event(t, "acme", "o1", 3, "c")
 			mustDeliver(t, ib, e3)
 			mustDeliver(t, ib, e1)
@@ -169,7 +169,7 @@ func TestWithoutOrderingOnlyDedups(t *testing.T) {
 				t.Fatalf("cursor rows = %d, want none without ordering", n)
 			}
 			// The same in one batch (the bulk claim path on Postgres).
-			batched := newInbox(t, s, nil, WithoutOrdering[*sql.Tx](), WithBatch[*sql.Tx](8, 0))
+			batched := newInbox(t, s, nil, WithoutOrdering(), WithBatch(8, 0))
 			b3, b1 := event(t, "acme", "o2", 3, "c"), event(t, "acme", "o2", 1, "a")
 			rec := &settled{}
 			if err := batched.process(context.Background(), []*message{newMessage(delivery(b3, 1, rec)),
@@ -238,7 +238,7 @@ func TestSchemaParkedThenReplayedAfterUpgrade(t *testing.T) {
 	for _, s := range stores(t) {
 		t.Run(s.name, func(t *testing.T) {
 			ctx := context.Background()
-			v1 := newInbox(t, s, nil, WithSchemas[*sql.Tx](SchemaKey{"order.created", 1}))
+			v1 := newInbox(t, s, nil, WithSchemas(SchemaKey{"order.created", 1}))
 			e1 := event(t, "acme", "o1", 1, "v1")
 			e2 := event(t, "acme", "o1", 2, "v2")
 			e2.SchemaVersion = 2
@@ -260,7 +260,7 @@ func TestSchemaParkedThenReplayedAfterUpgrade(t *testing.T) {
 			}
 			// The upgraded consumer supports v2: a dry run says applied and
 			// writes nothing; the replay applies 2, then the parked 3.
-			v2 := newInbox(t, s, nil, WithSchemas[*sql.Tx](SchemaKey{"order.created", 1}, SchemaKey{"order.created", 2}))
+			v2 := newInbox(t, s, nil, WithSchemas(SchemaKey{"order.created", 1}, SchemaKey{"order.created", 2}))
 			dr, err := v2.DryRun(ctx, ps[0].ID)
 			if err != nil || dr[0].Outcome != OutcomeApplied || len(effects(t, s.db)) != 1 {
 				t.Fatalf("dry run: %+v %v effects=%d", dr, err, len(effects(t, s.db)))
@@ -303,7 +303,7 @@ func TestUnauthorizedParkedThenReplayed(t *testing.T) {
 				return nil
 			}
 			for _, batch := range []int{1, 4} {
-				ib := newInbox(t, s, nil, WithAuthorizer[*sql.Tx](authz), WithBatch[*sql.Tx](batch, 0))
+				ib := newInbox(t, s, nil, WithAuthorizer[*sql.Tx](authz), WithBatch(batch, 0))
 				ev := event(t, "acme", fmt.Sprintf("b%d", batch), 1, "x")
 				mustDeliver(t, ib, ev)
 				ps := openParked(t, ib, ReasonUnauthorized)
@@ -344,7 +344,7 @@ func TestHandlerErrorsRetryThenPoison(t *testing.T) {
 				defer mu.Unlock()
 				return fail[ev.AggregateID]
 			}
-			ib := newInbox(t, s, h, WithMaxAttempts[*sql.Tx](3))
+			ib := newInbox(t, s, h, WithMaxAttempts(3))
 			// Transient: rolled back (effect, claim, cursor), nacked, applied later.
 			mu.Lock()
 			fail["t"] = errors.New("downstream busy")
@@ -409,7 +409,7 @@ func TestHandlerErrorsRetryThenPoison(t *testing.T) {
 func TestUndecodableParkedWithRaw(t *testing.T) {
 	for _, s := range stores(t) {
 		t.Run(s.name, func(t *testing.T) {
-			ib := newInbox(t, s, nil, WithMaxRawBytes[*sql.Tx](16))
+			ib := newInbox(t, s, nil, WithMaxRawBytes(16))
 			rec := &settled{}
 			d := &broker.Delivery{DecodeErr: errors.New("missing ce-id"),
 				Raw: broker.RawMessage{Destination: "order.events", Headers: map[string]string{"ce-type": "x\x00y"}, Body: []byte("not json at all, and long")},
@@ -490,7 +490,7 @@ func TestBatchSavepointsIsolateFailures(t *testing.T) {
 				}
 				return nil
 			}
-			ib := newInbox(t, s, h, WithBatch[*sql.Tx](8, 0))
+			ib := newInbox(t, s, h, WithBatch(8, 0))
 			rec := &settled{}
 			var msgs []*message
 			for i := range 8 {
@@ -534,7 +534,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	for _, s := range stores(t) {
 		t.Run(s.name, func(t *testing.T) {
 			crash := errors.New("kill -9")
-			faulty := newInbox(t, s, nil, WithFaults[*sql.Tx](Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
+			faulty := newInbox(t, s, nil, WithFaults(Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
 			ev := event(t, "acme", "o1", 1, "x")
 			acked, _, err := deliver(t, faulty, ev)
 			if !errors.Is(err, ErrFault) || acked {
@@ -550,7 +550,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 			}
 
 			// Negative control.
-			nonAtomic := newInbox(t, s, nil, WithFaults[*sql.Tx](Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
+			nonAtomic := newInbox(t, s, nil, WithFaults(Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
 			nonAtomic.cfg.nonAtomicTest = true
 			ev2 := event(t, "acme", "o2", 1, "y")
 			if _, _, err := deliver(t, nonAtomic, ev2); !errors.Is(err, ErrFault) {
@@ -568,7 +568,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	for _, s := range stores(t) {
 		t.Run(s.name, func(t *testing.T) {
 			crash := errors.New("kill -9")
-			faulty := newInbox(t, s, nil, WithFaults[*sql.Tx](Faults{BeforeCommit: func(ferry.Event) error { return crash }}))
+			faulty := newInbox(t, s, nil, WithFaults(Faults{BeforeCommit: func(ferry.Event) error { return crash }}))
 			ev := event(t, "acme", "o1", 1, "x")
 			if acked, _, err := deliver(t, faulty, ev); !errors.Is(err, ErrFault) || acked {
 				t.Fatalf("fault: acked=%v err=%v", acked, err)
@@ -592,8 +592,8 @@ func TestCrashBeforeCommit(t *testing.T) {
 func TestBatchConcurrentTwoInstances(t *testing.T) {
 	for _, s := range stores(t) {
 		t.Run(s.name, func(t *testing.T) {
-			a := newInbox(t, s, nil, WithBatch[*sql.Tx](16, 0))
-			b := newInbox(t, s, nil, WithBatch[*sql.Tx](16, 0))
+			a := newInbox(t, s, nil, WithBatch(16, 0))
+			b := newInbox(t, s, nil, WithBatch(16, 0))
 			for round := range 5 {
 				var evs []ferry.Event
 				for i := range 10 {

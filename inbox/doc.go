@@ -21,9 +21,9 @@
 //			_, err := tx.Exec(ctx, `INSERT INTO shipments ...`, ...)
 //			return err
 //		},
-//		inbox.WithSchemas[pgx.Tx](inbox.SchemaKey{EventType: "order.paid", SchemaVersion: 1}),
+//		inbox.WithSchemas(inbox.SchemaKey{EventType: "order.paid", SchemaVersion: 1}),
 //		inbox.WithAuthorizer[pgx.Tx](checkPolicy),
-//		inbox.WithRegisterer[pgx.Tx](prometheus.DefaultRegisterer),
+//		inbox.WithRegisterer(prometheus.DefaultRegisterer),
 //	)
 //	consumer, err := natsjs.DialConsumer(ctx, url, "ORDERS", "shipping")
 //	err = ib.Run(ctx, consumer) // until ctx is cancelled

@@ -7,13 +7,14 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/inbox"
 )
 
 // parkOne publishes one order event to an embedded JetStream server and
 // runs ib until it has parked it.
 func parkOne(ctx context.Context, ib *inbox.Inbox[*sql.Tx]) {
-	nats, _ := natsjs.StartEmbedded()
+	nats, _ := natsembed.Start()
 	defer nats.Close()
 	nc, _ := natsjs.Connect(nats.ClientURL())
 	defer nc.Close()

@@ -13,8 +13,8 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/inbox"
 	"github.com/ferryhq/ferry/migrate"
 )
@@ -27,16 +27,16 @@ func Example() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "ferry-example")
 	defer os.RemoveAll(dir)
-	db, _ := databasesql.OpenSQLite(filepath.Join(dir, "shipping.db"))
+	db, _ := sqlite.Open(filepath.Join(dir, "shipping.db"))
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		log.Fatal(err)
 	}
 	_, _ = db.Exec(`CREATE TABLE shipments (order_id TEXT, seq INTEGER)`)
 
 	// The broker: an in-process JetStream server, a stream, three events.
-	nats, _ := natsjs.StartEmbedded()
+	nats, _ := natsembed.Start()
 	defer nats.Close()
 	nc, _ := natsjs.Connect(nats.ClientURL())
 	defer nc.Close()
@@ -53,8 +53,8 @@ func Example() {
 			_, err := tx.ExecContext(ctx, `INSERT INTO shipments VALUES ($1, $2)`, ev.AggregateID, ev.AggregateSeq)
 			return err
 		},
-		inbox.WithSchemas[*sql.Tx](inbox.SchemaKey{EventType: "order.paid", SchemaVersion: 1}),
-		inbox.WithLogger[*sql.Tx](slog.New(slog.NewTextHandler(io.Discard, nil))),
+		inbox.WithSchemas(inbox.SchemaKey{EventType: "order.paid", SchemaVersion: 1}),
+		inbox.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))),
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -100,16 +100,16 @@ func ExampleInbox_Replay() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "ferry-example")
 	defer os.RemoveAll(dir)
-	db, _ := databasesql.OpenSQLite(filepath.Join(dir, "shipping.db"))
+	db, _ := sqlite.Open(filepath.Join(dir, "shipping.db"))
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	_, _ = migrate.Up(ctx, drv, ferry.Tables{})
 
 	// An event parked earlier because its schema version was not supported
 	// yet (here written through a consumer that only knows v2).
-	quiet := inbox.WithLogger[*sql.Tx](slog.New(slog.NewTextHandler(io.Discard, nil)))
+	quiet := inbox.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	noop := func(context.Context, *sql.Tx, ferry.Event) error { return nil }
-	old, _ := inbox.New[*sql.Tx](drv, "shipping", noop, quiet, inbox.WithSchemas[*sql.Tx](inbox.SchemaKey{EventType: "order.paid", SchemaVersion: 2}))
+	old, _ := inbox.New[*sql.Tx](drv, "shipping", noop, quiet, inbox.WithSchemas(inbox.SchemaKey{EventType: "order.paid", SchemaVersion: 2}))
 	parkOne(ctx, old)
 
 	// After the upgrade: list, dry-run, replay.

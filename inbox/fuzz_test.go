@@ -12,6 +12,7 @@ import (
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 )
 
@@ -48,12 +49,12 @@ func FuzzFingerprint(f *testing.F) {
 // parks or applies it and acks, never panics and never fails the
 // transaction (a message that fails forever would block its worker).
 func FuzzParkArbitraryMessage(f *testing.F) {
-	db, err := databasesql.OpenSQLite(f.TempDir() + "/fuzz.db")
+	db, err := sqlite.Open(f.TempDir() + "/fuzz.db")
 	if err != nil {
 		f.Fatal(err)
 	}
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	setupStore(f, drv, db)
 	var pgDrv *databasesql.Driver
 	if testenv.Reachable(testenv.URL("FERRY_TEST_POSTGRES_URL", testenv.DefaultPostgresURL)) == nil {
@@ -89,7 +90,7 @@ func FuzzParkArbitraryMessage(f *testing.F) {
 				ev.Payload = nil
 				return writeEffect(ctx, tx, ev)
 			}
-			ib, err := New[*sql.Tx](dv, "fuzz", h, WithMaxRawBytes[*sql.Tx](256), WithStartPolicy[*sql.Tx](StartAtFirstSeen))
+			ib, err := New[*sql.Tx](dv, "fuzz", h, WithMaxRawBytes(256), WithStartPolicy(StartAtFirstSeen))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -104,7 +105,7 @@ func FuzzParkArbitraryMessage(f *testing.F) {
 			d2 := *d
 			d2.Event.ID = uuid.New()
 			d2.Ack = func(context.Context) error { acks++; return nil }
-			batched, err := New[*sql.Tx](dv, "fuzz-batch", h, WithMaxRawBytes[*sql.Tx](256), WithStartPolicy[*sql.Tx](StartAtFirstSeen), WithBatch[*sql.Tx](4, 0))
+			batched, err := New[*sql.Tx](dv, "fuzz-batch", h, WithMaxRawBytes(256), WithStartPolicy(StartAtFirstSeen), WithBatch(4, 0))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
 )
@@ -52,7 +53,7 @@ func stores(t *testing.T) []store {
 		t.Log("Postgres unreachable: SQLite only")
 	}
 	db, _ := testenv.NewSQLite(t)
-	out = append(out, store{name: "sqlite", drv: databasesql.New(db, driver.SQLite), db: db})
+	out = append(out, store{name: "sqlite", drv: sqlite.New(db), db: db})
 	for _, s := range out {
 		setupStore(t, s.drv, s.db)
 	}
@@ -92,12 +93,12 @@ func writeEffect(ctx context.Context, tx *sql.Tx, ev ferry.Event) error {
 	return err
 }
 
-func newInbox(t testing.TB, s store, h Handler[*sql.Tx], opts ...Option[*sql.Tx]) *Inbox[*sql.Tx] {
+func newInbox(t testing.TB, s store, h Handler[*sql.Tx], opts ...Option) *Inbox[*sql.Tx] {
 	t.Helper()
 	if h == nil {
 		h = writeEffect
 	}
-	opts = append([]Option[*sql.Tx]{WithLogger[*sql.Tx](testLogger(t)), WithBackoff[*sql.Tx](time.Millisecond, 10*time.Millisecond), WithHealInterval[*sql.Tx](50 * time.Millisecond)}, opts...)
+	opts = append([]Option{WithLogger(testLogger(t)), WithBackoff(time.Millisecond, 10*time.Millisecond), WithHealInterval(50 * time.Millisecond)}, opts...)
 	ib, err := New[*sql.Tx](s.drv, "shipping", h, opts...)
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/ferryhq/ferry/broker/cloudevents"
 	"github.com/ferryhq/ferry/broker/kafka"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 )
 
 // Item 5: the gap error of an aggregate the consumer has never seen names
@@ -109,8 +110,8 @@ func TestCollisionFirstInStreamOrderWinsAcrossWorkers(t *testing.T) {
 	lost := 0
 	for i := range trials {
 		tenant := fmt.Sprintf("race%d", i)
-		ib, err := New[pgx.Tx](s.drv, fmt.Sprintf("race-%d", i), pgxEffect, WithWorkers[pgx.Tx](8),
-			WithLogger[pgx.Tx](testLogger(t)), WithBackoff[pgx.Tx](10*time.Millisecond, 100*time.Millisecond))
+		ib, err := New[pgx.Tx](s.drv, fmt.Sprintf("race-%d", i), pgxEffect, WithWorkers(8),
+			WithLogger(testLogger(t)), WithBackoff(10*time.Millisecond, 100*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,7 +320,7 @@ func TestNATSConsumerLimits(t *testing.T) {
 		return big, odd, fine
 	}
 	t.Run("defaults", func(t *testing.T) {
-		s := newNATSStack(t, "", natsjs.WithMaxPayload(8<<20))
+		s := newNATSStack(t, "", natsembed.WithMaxPayload(8<<20))
 		_, _, fine := publish(s)
 		ib := s.inbox(t)
 		runOn(t, ib, s.consumer(t), func() bool { st := ib.Stats(); return st.Parked[ReasonUndecodable] == 2 && st.Applied == 1 })
@@ -348,9 +349,9 @@ func TestNATSConsumerLimits(t *testing.T) {
 		}
 	})
 	t.Run("raised", func(t *testing.T) {
-		s := newNATSStack(t, "", natsjs.WithMaxPayload(8<<20))
+		s := newNATSStack(t, "", natsembed.WithMaxPayload(8<<20))
 		publish(s)
-		ib := s.inbox(t, WithLimits[pgx.Tx](ferry.Limits{MaxPayloadBytes: 6 << 20, ContentTypes: append(ferry.DefaultContentTypes(), unknownCT)}))
+		ib := s.inbox(t, WithLimits(ferry.Limits{MaxPayloadBytes: 6 << 20, ContentTypes: append(ferry.DefaultContentTypes(), unknownCT)}))
 		runOn(t, ib, s.consumer(t), func() bool { return ib.Stats().Applied == 3 })
 		if st := ib.Stats(); len(st.Parked) != 0 {
 			t.Fatalf("parked %+v with raised limits", st.Parked)
@@ -358,7 +359,7 @@ func TestNATSConsumerLimits(t *testing.T) {
 	})
 	t.Run("invalid", func(t *testing.T) {
 		st := stores(t)
-		_, err := New[*sql.Tx](st[len(st)-1].drv, "shipping", writeEffect, WithLimits[*sql.Tx](ferry.Limits{MaxPayloadBytes: -1}))
+		_, err := New[*sql.Tx](st[len(st)-1].drv, "shipping", writeEffect, WithLimits(ferry.Limits{MaxPayloadBytes: -1}))
 		var ce *ferry.ConfigError
 		if !errors.As(err, &ce) || !strings.Contains(ce.Field, "max_payload_bytes") {
 			t.Fatalf("negative limit: err = %v, want a ConfigError naming max_payload_bytes", err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -30,10 +31,12 @@ type Inbox[TTx any] struct {
 	drv     driver.Driver[TTx]
 	name    string
 	handler Handler[TTx]
-	cfg     config[TTx]
-	q       *queries
-	log     *slog.Logger
-	m       *metrics
+	cfg     config
+	// authorize is cfg.authorize with its type checked by New.
+	authorize Authorizer[TTx]
+	q         *queries
+	log       *slog.Logger
+	m         *metrics
 
 	attempts attemptTracker
 	running  atomic.Pointer[broker.Consumer] // for the lag gauge
@@ -49,7 +52,7 @@ const MaxConsumerNameBytes = 128
 // and cursor scope: two deployments of the same service share it; two
 // different services must not. The inbox tables come from migration 0003
 // (`ferry migrate up`).
-func New[TTx any](drv driver.Driver[TTx], name string, handler Handler[TTx], opts ...Option[TTx]) (*Inbox[TTx], error) {
+func New[TTx any](drv driver.Driver[TTx], name string, handler Handler[TTx], opts ...Option) (*Inbox[TTx], error) {
 	if drv == nil {
 		return nil, &ferry.ConfigError{Field: "inbox.driver", Reason: "must not be nil"}
 	}
@@ -59,7 +62,7 @@ func New[TTx any](drv driver.Driver[TTx], name string, handler Handler[TTx], opt
 	if name == "" || len(name) > MaxConsumerNameBytes || !consumerNameRE.MatchString(name) {
 		return nil, &ferry.ConfigError{Field: "inbox.consumer", Reason: fmt.Sprintf("must be 1..%d bytes of A-Z a-z 0-9 _ - with single . or : between them", MaxConsumerNameBytes)}
 	}
-	cfg := config[TTx]{
+	cfg := config{
 		ordering:     true,
 		workers:      8,
 		queue:        64,
@@ -79,6 +82,14 @@ func New[TTx any](drv driver.Driver[TTx], name string, handler Handler[TTx], opt
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
+	var authorize Authorizer[TTx]
+	if cfg.authorize != nil {
+		a, ok := cfg.authorize.(Authorizer[TTx])
+		if !ok {
+			return nil, &ferry.ConfigError{Field: "inbox.authorizer", Reason: fmt.Sprintf("is an %T, but the driver's transaction type needs an inbox.Authorizer[%s]", cfg.authorize, reflect.TypeFor[TTx]())}
+		}
+		authorize = a
+	}
 	if cfg.tracer == nil {
 		cfg.tracer = otel.GetTracerProvider().Tracer(tracerName)
 	}
@@ -87,7 +98,7 @@ func New[TTx any](drv driver.Driver[TTx], name string, handler Handler[TTx], opt
 		return nil, err
 	}
 	log := logattr.OrDefault(cfg.logger)
-	ib := &Inbox[TTx]{drv: drv, name: name, handler: handler, cfg: cfg, q: q,
+	ib := &Inbox[TTx]{drv: drv, name: name, handler: handler, cfg: cfg, authorize: authorize, q: q,
 		log: log.With("consumer", name), attempts: attemptTracker{m: map[string]int{}}}
 	ib.m, err = newMetrics(name, cfg.registerer, ib.collectGauges)
 	if err != nil {

@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -54,7 +53,7 @@ func TestKafkaToSQLite(t *testing.T) {
 
 	// First run crashes after its first commit, before the ack.
 	crash := errors.New("kill -9")
-	faulty := newInbox(t, st, nil, WithFaults[*sql.Tx](Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
+	faulty := newInbox(t, st, nil, WithFaults(Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
 	c1 := consumer()
 	if err := faulty.Run(context.Background(), c1); !errors.Is(err, ErrFault) {
 		t.Fatalf("Run with fault: %v", err)
@@ -66,7 +65,7 @@ func TestKafkaToSQLite(t *testing.T) {
 
 	c2 := consumer()
 	defer c2.Close()
-	ib := newInbox(t, st, nil, WithLag[*sql.Tx](func(ctx context.Context) (int64, error) {
+	ib := newInbox(t, st, nil, WithLag(func(ctx context.Context) (int64, error) {
 		l, err := c2.Lag(ctx)
 		return l.Total, err
 	}))

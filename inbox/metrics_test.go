@@ -20,7 +20,7 @@ func TestMetrics(t *testing.T) {
 				}
 				return now
 			}
-			ib := newInbox(t, s, nil, WithRegisterer[*sql.Tx](reg), WithGapAlert[*sql.Tx](time.Minute), WithClock[*sql.Tx](clock))
+			ib := newInbox(t, s, nil, WithRegisterer(reg), WithGapAlert(time.Minute), WithClock(clock))
 			e1 := event(t, "acme", "o1", 1, "a")
 			mustDeliver(t, ib, e1)
 			mustDeliver(t, ib, e1)
@@ -69,7 +69,7 @@ func TestMetrics(t *testing.T) {
 				t.Errorf("Summary = %+v, %d gaps; want 2 gap rows, 1 collision, 2 gaps", byReason, gaps)
 			}
 			// A second Inbox of the same name on the same registry is refused.
-			if _, err := New[*sql.Tx](s.drv, "shipping", writeEffect, WithRegisterer[*sql.Tx](reg)); err == nil {
+			if _, err := New[*sql.Tx](s.drv, "shipping", writeEffect, WithRegisterer(reg)); err == nil {
 				t.Fatal("duplicate registration accepted")
 			}
 		})

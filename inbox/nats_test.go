@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
@@ -40,7 +41,7 @@ func forEachNATS(t *testing.T, f func(t *testing.T, s *natsStack)) {
 }
 
 // newNATSStack connects to url, or starts an embedded server when url is "".
-func newNATSStack(t testing.TB, url string, opts ...natsjs.EmbeddedOption) *natsStack {
+func newNATSStack(t testing.TB, url string, opts ...natsembed.Option) *natsStack {
 	t.Helper()
 	ctx := context.Background()
 	pg := testenv.NewPostgresSchema(t)
@@ -53,7 +54,7 @@ func newNATSStack(t testing.TB, url string, opts ...natsjs.EmbeddedOption) *nats
 		t.Fatal(err)
 	}
 	if url == "" {
-		emb, err := natsjs.StartEmbedded(opts...)
+		emb, err := natsembed.Start(opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,9 +128,9 @@ func pgxEffect(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
 	return err
 }
 
-func (s *natsStack) inbox(t testing.TB, opts ...Option[pgx.Tx]) *Inbox[pgx.Tx] {
+func (s *natsStack) inbox(t testing.TB, opts ...Option) *Inbox[pgx.Tx] {
 	t.Helper()
-	opts = append([]Option[pgx.Tx]{WithLogger[pgx.Tx](testLogger(t)), WithBackoff[pgx.Tx](10*time.Millisecond, 100*time.Millisecond)}, opts...)
+	opts = append([]Option{WithLogger(testLogger(t)), WithBackoff(10*time.Millisecond, 100*time.Millisecond)}, opts...)
 	ib, err := New[pgx.Tx](s.drv, "shipping", pgxEffect, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -182,7 +183,7 @@ func TestNATSCrashAfterCommitBeforeAck(t *testing.T) {
 		ev := event(t, "acme", "o1", 1, `{"n":1}`)
 		s.publish(t, ev)
 		crash := errors.New("kill -9")
-		faulty := s.inbox(t, WithFaults[pgx.Tx](Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
+		faulty := s.inbox(t, WithFaults(Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
 		c, kill := s.crashConsumer(t)
 		if err := faulty.Run(context.Background(), c); !errors.Is(err, ErrFault) {
 			t.Fatalf("Run with fault: %v", err)
@@ -204,7 +205,7 @@ func TestNATSCrashBeforeCommit(t *testing.T) {
 	forEachNATS(t, func(t *testing.T, s *natsStack) {
 		ev := event(t, "acme", "o1", 1, `{"n":1}`)
 		s.publish(t, ev)
-		faulty := s.inbox(t, WithFaults[pgx.Tx](Faults{BeforeCommit: func(ferry.Event) error { return errors.New("kill -9") }}))
+		faulty := s.inbox(t, WithFaults(Faults{BeforeCommit: func(ferry.Event) error { return errors.New("kill -9") }}))
 		c, kill := s.crashConsumer(t)
 		if err := faulty.Run(context.Background(), c); !errors.Is(err, ErrFault) {
 			t.Fatalf("Run with fault: %v", err)
@@ -225,7 +226,7 @@ func TestNATSOrder132(t *testing.T) {
 	forEachNATS(t, func(t *testing.T, s *natsStack) {
 		e1, e2, e3 := event(t, "acme", "o1", 1, "a"), event(t, "acme", "o1", 2, "b"), event(t, "acme", "o1", 3, "c")
 		s.publish(t, e1, e3, e2)
-		ib := s.inbox(t, WithBatch[pgx.Tx](16, 5*time.Millisecond))
+		ib := s.inbox(t, WithBatch(16, 5*time.Millisecond))
 		s.runUntil(t, ib, func() bool { return ib.Stats().Applied == 3 })
 		if got := s.effectSeqs(t, ""); len(got) != 3 || got[0] != 1 || got[1] != 2 || got[2] != 3 {
 			t.Fatalf("effects %v, want [1 2 3]", got)
@@ -254,7 +255,7 @@ func TestNATSLagMetric(t *testing.T) {
 			return pgxEffect(ctx, tx, ev)
 		}
 		reg := prometheus.NewRegistry()
-		ib, err := New[pgx.Tx](s.drv, "shipping", blocking, WithRegisterer[pgx.Tx](reg), WithLogger[pgx.Tx](testLogger(t)))
+		ib, err := New[pgx.Tx](s.drv, "shipping", blocking, WithRegisterer(reg), WithLogger(testLogger(t)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -67,10 +67,10 @@ type Faults struct {
 	AfterCommitBeforeAck func(ev ferry.Event) error
 }
 
-type config[TTx any] struct {
+type config struct {
 	tables        ferry.Tables
 	schemas       map[SchemaKey]bool
-	authorize     Authorizer[TTx]
+	authorize     any // an Authorizer[TTx]; New checks its type
 	ordering      bool
 	start         StartPolicy
 	workers       int
@@ -96,8 +96,10 @@ type config[TTx any] struct {
 	alwaysSavepoints bool
 }
 
-// Option configures an Inbox.
-type Option[TTx any] func(*config[TTx])
+// Option configures an Inbox. Options are not generic: only
+// [WithAuthorizer] names the transaction type, and New checks that it
+// matches the driver's.
+type Option func(*config)
 
 // WithTracerProvider sets where the inbox's spans go (default: the global
 // OpenTelemetry provider, a no-op unless the application installs one). The
@@ -108,22 +110,22 @@ type Option[TTx any] func(*config[TTx])
 // whose parent is the trace context the event carries (its traceparent), so
 // one trace shows command → publish → apply, and the handler's own spans
 // nest in it.
-func WithTracerProvider[TTx any](tp trace.TracerProvider) Option[TTx] {
-	return func(c *config[TTx]) { c.tracer = tp.Tracer(tracerName) }
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tracer = tp.Tracer(tracerName) }
 }
 
 const tracerName = "github.com/ferryhq/ferry/inbox"
 
 // WithTables sets the schema and table prefix (default: search_path, "ferry_").
-func WithTables[TTx any](t ferry.Tables) Option[TTx] {
-	return func(c *config[TTx]) { c.tables = t }
+func WithTables(t ferry.Tables) Option {
+	return func(c *config) { c.tables = t }
 }
 
 // WithSchemas declares the (event type, schema version) pairs the handler
 // supports. Anything else is parked with reason schema — replayable after
 // an upgrade, never dropped. Default: every event is accepted.
-func WithSchemas[TTx any](keys ...SchemaKey) Option[TTx] {
-	return func(c *config[TTx]) {
+func WithSchemas(keys ...SchemaKey) Option {
+	return func(c *config) {
 		if c.schemas == nil {
 			c.schemas = map[SchemaKey]bool{}
 		}
@@ -134,21 +136,21 @@ func WithSchemas[TTx any](keys ...SchemaKey) Option[TTx] {
 }
 
 // WithAuthorizer installs the authorization hook run before every effect.
-func WithAuthorizer[TTx any](a Authorizer[TTx]) Option[TTx] {
-	return func(c *config[TTx]) { c.authorize = a }
+func WithAuthorizer[TTx any](a Authorizer[TTx]) Option {
+	return func(c *config) { c.authorize = a }
 }
 
 // WithoutOrdering turns off the per-aggregate cursor: events are applied as
 // they come and only deduplicated. For consumers whose effects commute
 // (counters, projections keyed by event id).
-func WithoutOrdering[TTx any]() Option[TTx] {
-	return func(c *config[TTx]) { c.ordering = false }
+func WithoutOrdering() Option {
+	return func(c *config) { c.ordering = false }
 }
 
 // WithStartPolicy sets what the cursor expects for an unseen aggregate
 // (default StartStrict).
-func WithStartPolicy[TTx any](p StartPolicy) Option[TTx] {
-	return func(c *config[TTx]) { c.start = p }
+func WithStartPolicy(p StartPolicy) Option {
+	return func(c *config) { c.start = p }
 }
 
 // WithWorkers sets how many aggregates are applied in parallel (default 8).
@@ -157,15 +159,15 @@ func WithStartPolicy[TTx any](p StartPolicy) Option[TTx] {
 // when the driver's pool (driver.PoolSizer) has fewer than workers + 1
 // connections, and Run one when the consumer's broker window (natsjs max
 // ack pending, RabbitMQ prefetch) does not fit the in-flight bound.
-func WithWorkers[TTx any](n int) Option[TTx] {
-	return func(c *config[TTx]) { c.workers = n }
+func WithWorkers(n int) Option {
+	return func(c *config) { c.workers = n }
 }
 
 // WithQueue sets how many messages may wait per worker (default 64): the
 // in-flight bound is workers × (queue + batch). When full, the consumer
 // stops pulling (back-pressure) instead of buffering without limit.
-func WithQueue[TTx any](n int) Option[TTx] {
-	return func(c *config[TTx]) { c.queue = n }
+func WithQueue(n int) Option {
+	return func(c *config) { c.queue = n }
 }
 
 // WithBatch applies up to n queued messages of one worker in one
@@ -175,48 +177,48 @@ func WithQueue[TTx any](n int) Option[TTx] {
 // (0: take what is queued). Default n = 1 (a transaction per message).
 // Batching trades latency and a larger redelivery set on crash for
 // throughput; it changes nothing about what is applied.
-func WithBatch[TTx any](n int, linger time.Duration) Option[TTx] {
-	return func(c *config[TTx]) { c.batch, c.batchLinger = n, linger }
+func WithBatch(n int, linger time.Duration) Option {
+	return func(c *config) { c.batch, c.batchLinger = n, linger }
 }
 
 // WithMaxAttempts parks a message as poison once it has failed n times
 // (default 5). The broker's delivery count is used when it reports one.
-func WithMaxAttempts[TTx any](n int) Option[TTx] {
-	return func(c *config[TTx]) { c.maxAttempts = n }
+func WithMaxAttempts(n int) Option {
+	return func(c *config) { c.maxAttempts = n }
 }
 
 // WithBackoff sets the redelivery delay after a handler error: base × 2^(attempt-1)
 // with full jitter, capped at max (default 200ms, 30s).
-func WithBackoff[TTx any](base, max time.Duration) Option[TTx] {
-	return func(c *config[TTx]) { c.backoffBase, c.backoffMax = base, max }
+func WithBackoff(base, max time.Duration) Option {
+	return func(c *config) { c.backoffBase, c.backoffMax = base, max }
 }
 
 // WithGapAlert sets the age after which an open gap counts as overdue in
 // ferry_inbox_gaps_overdue (default 5m). A gap that old usually means a
 // lost or dead-lettered event upstream: release it or find the event.
-func WithGapAlert[TTx any](d time.Duration) Option[TTx] {
-	return func(c *config[TTx]) { c.gapAlert = d }
+func WithGapAlert(d time.Duration) Option {
+	return func(c *config) { c.gapAlert = d }
 }
 
 // WithHealInterval sets how often Run looks for parked gap successors whose
 // predecessor has been applied (default 5s; 0 turns the sweep off). The
 // live path applies successors at once; the sweep covers the race where
 // another instance parked a successor while this one filled the gap.
-func WithHealInterval[TTx any](d time.Duration) Option[TTx] {
-	return func(c *config[TTx]) { c.healInterval = d }
+func WithHealInterval(d time.Duration) Option {
+	return func(c *config) { c.healInterval = d }
 }
 
 // WithDrainTimeout bounds how long Run lets in-flight transactions finish
 // after its context is cancelled (default 10s); after that they are rolled
 // back and their messages left for redelivery.
-func WithDrainTimeout[TTx any](d time.Duration) Option[TTx] {
-	return func(c *config[TTx]) { c.drainTimeout = d }
+func WithDrainTimeout(d time.Duration) Option {
+	return func(c *config) { c.drainTimeout = d }
 }
 
 // WithMaxRawBytes bounds the raw body and headers kept for an undecodable
 // message (default 64 KiB each); the rest is cut and the cut noted.
-func WithMaxRawBytes[TTx any](n int) Option[TTx] {
-	return func(c *config[TTx]) { c.maxRawBytes = n }
+func WithMaxRawBytes(n int) Option {
+	return func(c *config) { c.maxRawBytes = n }
 }
 
 // WithLimits sets what a delivered event may hold (default ferry.Limits{},
@@ -228,8 +230,8 @@ func WithMaxRawBytes[TTx any](n int) Option[TTx] {
 // limits is parked as undecodable, the reason naming the field and the
 // limit, and acked: never applied, never dropped. Give a consumer the
 // limits its producers were given (outbox.WithLimits).
-func WithLimits[TTx any](l ferry.Limits) Option[TTx] {
-	return func(c *config[TTx]) { c.limits = l }
+func WithLimits(l ferry.Limits) Option {
+	return func(c *config) { c.limits = l }
 }
 
 // WithLogger sets the logger. Without it (or with nil) the inbox logs to
@@ -237,40 +239,40 @@ func WithLimits[TTx any](l ferry.Limits) Option[TTx] {
 // slog.New(slog.DiscardHandler) to silence it. Logs carry ids, never
 // payloads or secrets, and are written with the context of the work
 // (derived from the one Run was given), so a handler can attach trace ids.
-func WithLogger[TTx any](l *slog.Logger) Option[TTx] {
-	return func(c *config[TTx]) { c.logger = l }
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
 }
 
 // WithRegisterer registers the ferry_inbox_* metrics on r (default: none).
-func WithRegisterer[TTx any](r prometheus.Registerer) Option[TTx] {
-	return func(c *config[TTx]) { c.registerer = r }
+func WithRegisterer(r prometheus.Registerer) Option {
+	return func(c *config) { c.registerer = r }
 }
 
 // WithLag sets how ferry_inbox_consumer_lag is read, for adapters whose
 // lag is not a plain count, e.g. Kafka:
 //
-//	inbox.WithLag[pgx.Tx](func(ctx context.Context) (int64, error) {
+//	inbox.WithLag(func(ctx context.Context) (int64, error) {
 //		l, err := kafkaConsumer.Lag(ctx)
 //		return l.Total, err
 //	})
 //
 // Without it, a consumer with Lag(ctx) (int64, error) or (like natsjs)
 // Pending(ctx) (uint64, error) is asked directly.
-func WithLag[TTx any](f func(ctx context.Context) (int64, error)) Option[TTx] {
-	return func(c *config[TTx]) { c.lag = f }
+func WithLag(f func(ctx context.Context) (int64, error)) Option {
+	return func(c *config) { c.lag = f }
 }
 
 // WithFaults installs crash-point hooks (proofs and tests only).
-func WithFaults[TTx any](f Faults) Option[TTx] {
-	return func(c *config[TTx]) { c.faults = f }
+func WithFaults(f Faults) Option {
+	return func(c *config) { c.faults = f }
 }
 
 // WithClock overrides time.Now (tests).
-func WithClock[TTx any](now func() time.Time) Option[TTx] {
-	return func(c *config[TTx]) { c.now = now }
+func WithClock(now func() time.Time) Option {
+	return func(c *config) { c.now = now }
 }
 
-func (c *config[TTx]) check() error {
+func (c *config) check() error {
 	bad := func(field, format string, args ...any) error {
 		return &ferry.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 	}

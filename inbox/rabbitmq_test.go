@@ -79,7 +79,7 @@ func TestRabbitMQToPostgres(t *testing.T) {
 
 	e4 := event(t, "acme", "r1", 4, "d")
 	publish(e4)
-	faulty := newInbox(t, st, nil, WithFaults[*sql.Tx](Faults{AfterCommitBeforeAck: func(ferry.Event) error { return errors.New("kill -9") }}))
+	faulty := newInbox(t, st, nil, WithFaults(Faults{AfterCommitBeforeAck: func(ferry.Event) error { return errors.New("kill -9") }}))
 	c := consumer()
 	if err := faulty.Run(ctx, c); !errors.Is(err, ErrFault) {
 		t.Fatalf("Run with fault: %v", err)

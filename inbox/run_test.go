@@ -151,7 +151,7 @@ func TestChaosExactlyOnceInOrder(t *testing.T) {
 			const aggregates, perAgg = 100, 200
 			rng := rand.New(rand.NewPCG(42, uint64(len(s.name)+v.batch)))
 			script, _ := chaosScript(t, rng, aggregates, perAgg, 0.1, 0.3)
-			opts := []Option[*sql.Tx]{WithWorkers[*sql.Tx](8), WithBatch[*sql.Tx](v.batch, 0)}
+			opts := []Option{WithWorkers(8), WithBatch(v.batch, 0)}
 			ib := newInbox(t, s, nil, opts...)
 			b := newScriptedBroker(script)
 			defer b.Close()
@@ -234,7 +234,7 @@ func TestRunDrainAndFault(t *testing.T) {
 		script = append(script, event(t, "acme", fmt.Sprintf("d%d", i), 1, "x"))
 	}
 	slow.Store(true)
-	ib := newInbox(t, s, h, WithWorkers[*sql.Tx](4))
+	ib := newInbox(t, s, h, WithWorkers(4))
 	b := newScriptedBroker(script)
 	defer b.Close()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -256,7 +256,7 @@ func TestRunDrainAndFault(t *testing.T) {
 	}
 
 	crash := errors.New("crash")
-	faulty := newInbox(t, s, nil, WithFaults[*sql.Tx](Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
+	faulty := newInbox(t, s, nil, WithFaults(Faults{AfterCommitBeforeAck: func(ferry.Event) error { return crash }}))
 	b2 := newScriptedBroker([]ferry.Event{event(t, "acme", "f", 1, "x")})
 	defer b2.Close()
 	err := faulty.Run(context.Background(), b2)
@@ -274,7 +274,7 @@ func TestChaosWithoutCursorViolatesOrder(t *testing.T) {
 	st := s[len(s)-1] // sqlite is enough for the control
 	rng := rand.New(rand.NewPCG(7, 7))
 	script, _ := chaosScript(t, rng, 20, 50, 0.1, 0.5)
-	ib := newInbox(t, st, nil, WithoutOrdering[*sql.Tx](), WithBatch[*sql.Tx](64, 0))
+	ib := newInbox(t, st, nil, WithoutOrdering(), WithBatch(64, 0))
 	b := newScriptedBroker(script)
 	defer b.Close()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -13,7 +13,7 @@ import (
 
 // poolNeed is the connections Run uses at once: one per worker plus one for
 // the heal sweep, the lag gauge and operator replays.
-func (c *config[TTx]) poolNeed() int { return c.workers + 1 }
+func (c *config) poolNeed() int { return c.workers + 1 }
 
 // inFlightBound is the most messages one Run holds unacked: every worker's
 // queue and batch, plus what the consumer buffers ahead of the handler

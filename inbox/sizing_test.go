@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"log/slog"
 	"strings"
 	"sync"
@@ -14,10 +15,12 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/broker/rabbitmq"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 )
 
@@ -74,14 +77,14 @@ func TestPoolSizingWarning(t *testing.T) {
 	noop := func(context.Context, pgx.Tx, ferry.Event) error { return nil }
 	t.Run("pgxpool-4-workers-8", func(t *testing.T) {
 		var lb logBuf
-		if _, err := New[pgx.Tx](pgxv5.New(pgxPool(t, "4")), "sizing", noop, WithLogger[pgx.Tx](lb.logger())); err != nil {
+		if _, err := New[pgx.Tx](pgxv5.New(pgxPool(t, "4")), "sizing", noop, WithLogger(lb.logger())); err != nil {
 			t.Fatal(err)
 		}
 		wantLog(t, lb.String(), "max conns 4 < inbox workers 8", "pool_max_conns>=9", "WithWorkers(3)")
 	})
 	t.Run("pgxpool-9-workers-8", func(t *testing.T) {
 		var lb logBuf
-		if _, err := New[pgx.Tx](pgxv5.New(pgxPool(t, "9")), "sizing", noop, WithLogger[pgx.Tx](lb.logger())); err != nil {
+		if _, err := New[pgx.Tx](pgxv5.New(pgxPool(t, "9")), "sizing", noop, WithLogger(lb.logger())); err != nil {
 			t.Fatal(err)
 		}
 		if s := lb.String(); s != "" {
@@ -100,7 +103,7 @@ func TestPoolSizingWarning(t *testing.T) {
 		}
 		db.SetMaxOpenConns(c.maxOpen)
 		if _, err := New[*sql.Tx](databasesql.New(db, driver.Postgres), "sizing", sqlNoop,
-			WithWorkers[*sql.Tx](c.workers), WithLogger[*sql.Tx](lb.logger())); err != nil {
+			WithWorkers(c.workers), WithLogger(lb.logger())); err != nil {
 			t.Fatal(err)
 		}
 		_ = db.Close()
@@ -114,7 +117,7 @@ func TestPoolSizingWarning(t *testing.T) {
 	db, _ := testenv.NewSQLite(t)
 	db.SetMaxOpenConns(1)
 	var lb logBuf
-	if _, err := New[*sql.Tx](databasesql.New(db, driver.SQLite), "sizing", sqlNoop, WithLogger[*sql.Tx](lb.logger())); err != nil {
+	if _, err := New[*sql.Tx](sqlite.New(db), "sizing", sqlNoop, WithLogger(lb.logger())); err != nil {
 		t.Fatal(err)
 	}
 	if s := lb.String(); s != "" {
@@ -128,9 +131,9 @@ func TestPoolSizingWarning(t *testing.T) {
 // a RabbitMQ prefetch below workers × batch. The defaults log nothing.
 func TestConsumerSizingWarning(t *testing.T) {
 	db, _ := testenv.NewSQLite(t)
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	sqlNoop := func(context.Context, *sql.Tx, ferry.Event) error { return nil }
-	emb, err := natsjs.StartEmbedded()
+	emb, err := natsembed.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +169,7 @@ func TestConsumerSizingWarning(t *testing.T) {
 			}
 			defer cons.Close()
 			var lb logBuf
-			ib, err := New[*sql.Tx](drv, "sizing", sqlNoop, WithLogger[*sql.Tx](lb.logger()))
+			ib, err := New[*sql.Tx](drv, "sizing", sqlNoop, WithLogger(lb.logger()))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -197,7 +200,7 @@ func TestConsumerSizingWarning(t *testing.T) {
 			}
 			defer cons.Close()
 			var lb logBuf
-			ib, err := New[*sql.Tx](drv, "sizing", sqlNoop, WithLogger[*sql.Tx](lb.logger()))
+			ib, err := New[*sql.Tx](drv, "sizing", sqlNoop, WithLogger(lb.logger()))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/migrate"
 )
 
@@ -24,12 +24,12 @@ func TestMigrateUpChild(t *testing.T) {
 	if path == "" {
 		t.Skip("child process of TestConcurrentUpProcessesOnFreshSQLite")
 	}
-	db, err := databasesql.OpenSQLite(path)
+	db, err := sqlite.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	ran, err := migrate.Up(context.Background(), databasesql.New(db, driver.SQLite), ferry.Tables{})
+	ran, err := migrate.Up(context.Background(), sqlite.New(db), ferry.Tables{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestMigrateUpChild(t *testing.T) {
 // up` would, each migrating one fresh SQLite file at once, 20 times: every
 // one must succeed, exactly one applies the migrations, and the schema ends
 // at the latest version. Opening a fresh file used to fail here with
-// SQLITE_BUSY ("migrate: begin: database is locked") before OpenSQLite
+// SQLITE_BUSY ("migrate: begin: database is locked") before sqlite.Open
 // retried such openings.
 func TestConcurrentUpProcessesOnFreshSQLite(t *testing.T) {
 	const workers, rounds = 8, 20
@@ -79,11 +79,11 @@ func TestConcurrentUpProcessesOnFreshSQLite(t *testing.T) {
 		if appliers != 1 {
 			t.Fatalf("round %d: %d processes applied the migrations, want exactly 1", round, appliers)
 		}
-		db, err := databasesql.OpenSQLite(path)
+		db, err := sqlite.Open(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := migrate.CurrentStatus(ctx, databasesql.New(db, driver.SQLite), ferry.Tables{})
+		st, err := migrate.CurrentStatus(ctx, sqlite.New(db), ferry.Tables{})
 		_ = db.Close()
 		if err != nil {
 			t.Fatal(err)

@@ -131,7 +131,7 @@ func SQL(dialect driver.Dialect, tables ferry.Tables) (string, error) {
 // leaves the schema as it was. Concurrent Up calls, in one process or many,
 // are serialised: by an advisory lock on Postgres, by the database's write
 // lock on SQLite, taken at BEGIN IMMEDIATE and waited for up to the busy
-// timeout when the database is opened with databasesql.OpenSQLite (which
+// timeout when the database is opened with sqlite.Open (which
 // also retries a connection that finds a fresh file being switched to WAL
 // by another). It returns the migrations it applied; none when the schema
 // is current.

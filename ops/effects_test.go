@@ -13,8 +13,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/effect"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
@@ -33,7 +33,7 @@ func TestRequeueFailedEffects(t *testing.T) {
 	})
 	t.Run("sqlite", func(t *testing.T) {
 		db, _ := testenv.NewSQLite(t)
-		requeueScenario(t, databasesql.New(db, driver.SQLite))
+		requeueScenario(t, sqlite.New(db))
 	})
 }
 

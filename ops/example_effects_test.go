@@ -11,8 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ferryhq/ferry"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/effect"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/ops"
@@ -26,9 +25,9 @@ func ExampleOps_RequeueFailedEffects() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "ferry-ops-effects-example")
 	defer os.RemoveAll(dir)
-	db, _ := databasesql.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, _ := sqlite.Open(filepath.Join(dir, "app.db"))
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		fmt.Println(err)
 		return

@@ -9,8 +9,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/ops"
 	"github.com/ferryhq/ferry/outbox"
@@ -23,9 +22,9 @@ func Example() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "ferry-ops-example")
 	defer os.RemoveAll(dir)
-	db, _ := databasesql.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, _ := sqlite.Open(filepath.Join(dir, "app.db"))
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		fmt.Println(err)
 		return

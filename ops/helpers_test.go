@@ -11,8 +11,8 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/ops"
@@ -54,7 +54,7 @@ func newPostgresB(b *testing.B, opts ...ops.Option) *env {
 func newSQLite(t *testing.T, opts ...ops.Option) *env {
 	t.Helper()
 	db, _ := testenv.NewSQLite(t)
-	e := setup(t, "sqlite", databasesql.New(db, driver.SQLite), opts...)
+	e := setup(t, "sqlite", sqlite.New(db), opts...)
 	e.sqlDB = db
 	return e
 }

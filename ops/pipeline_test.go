@@ -16,10 +16,11 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/command"
 	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/effect"
 	"github.com/ferryhq/ferry/inbox"
 	"github.com/ferryhq/ferry/ops"
@@ -90,7 +91,7 @@ func newPipeline(t *testing.T, dialect string, unordered bool) *pipeline {
 	t.Helper()
 	if dialect == "sqlite" {
 		e := newSQLite(t)
-		return buildPipeline(t, e, databasesql.New(e.sqlDB, driver.SQLite), unordered)
+		return buildPipeline(t, e, sqlite.New(e.sqlDB), unordered)
 	}
 	e := newPostgres(t)
 	return buildPipeline(t, e, pgxv5.New(e.pg.Pool), unordered)
@@ -109,7 +110,7 @@ func buildPipeline[TTx any](t *testing.T, e *env, drv driver.Driver[TTx], unorde
 	mustExec(t, e, `CREATE TABLE applications (event_id text NOT NULL, consumer text NOT NULL)`)
 	mustExec(t, e, `CREATE TABLE revoked (principal text PRIMARY KEY)`)
 
-	emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(t.TempDir()))
+	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
 	if err != nil {
 		t.Fatalf("embedded nats: %v", err)
 	}
@@ -176,10 +177,10 @@ func buildPipeline[TTx any](t *testing.T, e *env, drv driver.Driver[TTx], unorde
 		}
 		return nil
 	}
-	iopts := []inbox.Option[TTx]{inbox.WithAuthorizer(authorize),
-		inbox.WithRegisterer[TTx](prometheus.NewRegistry()), inbox.WithHealInterval[TTx](50 * time.Millisecond)}
+	iopts := []inbox.Option{inbox.WithAuthorizer(authorize),
+		inbox.WithRegisterer(prometheus.NewRegistry()), inbox.WithHealInterval(50 * time.Millisecond)}
 	if unordered {
-		iopts = append(iopts, inbox.WithoutOrdering[TTx]())
+		iopts = append(iopts, inbox.WithoutOrdering())
 	}
 	ib, err := inbox.New(drv, "billing", handler, iopts...)
 	if err != nil {

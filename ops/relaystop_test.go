@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/deploy"
 	"github.com/ferryhq/ferry/ops"
 	"github.com/ferryhq/ferry/relay"
@@ -21,7 +22,7 @@ import (
 // shared one) with a stream for the test topics, and a publisher.
 func embeddedNATS(t *testing.T) *natsjs.Publisher {
 	t.Helper()
-	emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(t.TempDir()))
+	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
 	if err != nil {
 		t.Fatalf("embedded nats: %v", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/command/commandmcp"
 	"github.com/ferryhq/ferry/examples/orders"
 	"github.com/ferryhq/ferry/opsmcp"
@@ -46,7 +47,7 @@ func TestStdioEvidence(t *testing.T) {
 	t.Cleanup(func() { _ = svc.Close() })
 	log := slog.New(slog.DiscardHandler)
 
-	emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(t.TempDir()))
+	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}

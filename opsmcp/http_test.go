@@ -22,6 +22,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
@@ -75,7 +76,7 @@ func TestHTTPApprovalFlow(t *testing.T) {
 		return s
 	}
 
-	emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(t.TempDir()))
+	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}

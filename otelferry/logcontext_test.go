@@ -17,8 +17,8 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/inbox"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
@@ -73,12 +73,12 @@ func (h *spanLog) find(prefix string) []spanLine {
 func TestLogLinesCarrySpanContext(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	db, err := databasesql.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, err := sqlite.Open(filepath.Join(dir, "app.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestLogLinesCarrySpanContext(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer func() { _ = tp.Shutdown(ctx) }()
 
-	srv, err := natsjs.StartEmbedded(natsjs.WithStoreDir(filepath.Join(dir, "nats")))
+	srv, err := natsembed.Start(natsembed.WithStoreDir(filepath.Join(dir, "nats")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,8 +131,8 @@ func TestLogLinesCarrySpanContext(t *testing.T) {
 		default:
 		}
 		return nil
-	}, inbox.WithTracerProvider[*sql.Tx](tp), inbox.WithLogger[*sql.Tx](slog.New(inboxLog)),
-		inbox.WithBackoff[*sql.Tx](10*time.Millisecond, 50*time.Millisecond))
+	}, inbox.WithTracerProvider(tp), inbox.WithLogger(slog.New(inboxLog)),
+		inbox.WithBackoff(10*time.Millisecond, 50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,8 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/inbox"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
@@ -29,12 +29,12 @@ import (
 func TestTraceCommandPublishApply(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	db, err := databasesql.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, err := sqlite.Open(filepath.Join(dir, "app.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestTraceCommandPublishApply(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer func() { _ = tp.Shutdown(ctx) }()
 
-	srv, err := natsjs.StartEmbedded(natsjs.WithStoreDir(filepath.Join(dir, "nats")))
+	srv, err := natsembed.Start(natsembed.WithStoreDir(filepath.Join(dir, "nats")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestTraceCommandPublishApply(t *testing.T) {
 		default:
 		}
 		return nil
-	}, inbox.WithTracerProvider[*sql.Tx](tp))
+	}, inbox.WithTracerProvider(tp))
 	if err != nil {
 		t.Fatal(err)
 	}

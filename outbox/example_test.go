@@ -9,8 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/ferryhq/ferry"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
 )
@@ -21,9 +20,9 @@ func ExampleWriter_InsertTx() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "ferry-example-")
 	defer os.RemoveAll(dir)
-	db, _ := databasesql.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, _ := sqlite.Open(filepath.Join(dir, "app.db"))
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		panic(err)
 	}
@@ -65,9 +64,9 @@ func ExampleWriter_Insert_expectedVersion() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "ferry-example-")
 	defer os.RemoveAll(dir)
-	db, _ := databasesql.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, _ := sqlite.Open(filepath.Join(dir, "app.db"))
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	_, _ = migrate.Up(ctx, drv, ferry.Tables{})
 	w, _ := outbox.New[*sql.Tx](drv)
 

@@ -8,8 +8,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ferryhq/ferry"
-	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/ferrytest"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
@@ -19,7 +19,7 @@ import (
 func sqliteDriver(t *testing.T) *databasesql.Driver {
 	t.Helper()
 	db, _ := testenv.NewSQLite(t)
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(context.Background(), drv, ferry.Tables{}); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/storetest"
 	"github.com/ferryhq/ferry/internal/testenv"
 )
@@ -38,6 +39,6 @@ func TestConformanceDatabaseSQLPostgres(t *testing.T) {
 func TestConformanceSQLite(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness[*sql.Tx] {
 		db, _ := testenv.NewSQLite(t)
-		return storetest.Harness[*sql.Tx]{Driver: databasesql.New(db, driver.SQLite)}
+		return storetest.Harness[*sql.Tx]{Driver: sqlite.New(db)}
 	})
 }

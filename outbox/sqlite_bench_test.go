@@ -6,8 +6,7 @@ import (
 	"testing"
 
 	"github.com/ferryhq/ferry"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
@@ -19,7 +18,7 @@ import (
 //	go test -run '^$' -bench BenchmarkSQLiteInsertTx ./outbox/
 func BenchmarkSQLiteInsertTx(b *testing.B) {
 	db, _ := testenv.NewSQLite(b)
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	ctx := context.Background()
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		b.Fatal(err)

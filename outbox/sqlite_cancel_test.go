@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
@@ -25,7 +24,7 @@ import (
 // the commit then fails and the business row is lost.
 func TestSQLiteCancelAtAnyPointLeavesNoTrace(t *testing.T) {
 	db, _ := testenv.NewSQLite(t)
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	ctx := context.Background()
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		t.Fatal(err)

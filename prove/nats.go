@@ -13,12 +13,13 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 )
 
 // startEmbeddedNATS starts broker/natsjs's in-process JetStream server on
 // a random loopback port, so the embedded stack needs nothing installed.
-func startEmbeddedNATS() (*natsjs.Embedded, error) {
-	e, err := natsjs.StartEmbedded()
+func startEmbeddedNATS() (*natsembed.Server, error) {
+	e, err := natsembed.Start()
 	if err != nil {
 		return nil, fmt.Errorf("prove: embedded nats: %w", err)
 	}

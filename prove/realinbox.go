@@ -109,21 +109,21 @@ func (e *env) runRealInbox(ctx context.Context, durable string, inlineEffect, un
 			return nil
 		},
 	}
-	opts := []inbox.Option[*sql.Tx]{
-		inbox.WithSchemas[*sql.Tx](supportedSchemas...),
+	opts := []inbox.Option{
+		inbox.WithSchemas(supportedSchemas...),
 		inbox.WithAuthorizer(authorize),
-		inbox.WithMaxAttempts[*sql.Tx](3),
-		inbox.WithBackoff[*sql.Tx](20*time.Millisecond, 200*time.Millisecond),
-		inbox.WithHealInterval[*sql.Tx](100 * time.Millisecond),
-		inbox.WithDrainTimeout[*sql.Tx](2 * time.Second),
-		inbox.WithLogger[*sql.Tx](e.log),
-		inbox.WithRegisterer[*sql.Tx](prometheus.WrapRegistererWith(prometheus.Labels{"prove_instance": randHex(3)}, e.reg)),
-		inbox.WithFaults[*sql.Tx](faults),
+		inbox.WithMaxAttempts(3),
+		inbox.WithBackoff(20*time.Millisecond, 200*time.Millisecond),
+		inbox.WithHealInterval(100 * time.Millisecond),
+		inbox.WithDrainTimeout(2 * time.Second),
+		inbox.WithLogger(e.log),
+		inbox.WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"prove_instance": randHex(3)}, e.reg)),
+		inbox.WithFaults(faults),
 	}
 	if unordered {
 		// A consumer whose effects commute: no cursor, so the inbox's
 		// dedup rows are its only protection against a replay.
-		opts = append(opts, inbox.WithoutOrdering[*sql.Tx]())
+		opts = append(opts, inbox.WithoutOrdering())
 	}
 	ib, err := inbox.New(e.db.drv, consumerName, handler, opts...)
 	if err != nil {

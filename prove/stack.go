@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"net/url"
 	"os"
 	"path/filepath"
@@ -13,14 +14,14 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry"
-	"github.com/twmb/franz-go/pkg/kfake"
-
-	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
+	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 // stack is what every scenario shares: the broker server and the database
@@ -29,7 +30,7 @@ import (
 type stack struct {
 	pgURL    string
 	natsURL  string
-	embedded *natsjs.Embedded
+	embedded *natsembed.Server
 	kfake    *kfake.Cluster
 	kproxy   *faultproxy.Proxy // in front of kfake's broker (startKfake)
 	kafka    []string          // seed brokers
@@ -130,11 +131,11 @@ func (st *stack) newDatabase(ctx context.Context, name string) (*database, error
 	suffix := randHex(4)
 	if st.pgURL == "" {
 		path := filepath.Join(st.tmp, name+"-"+suffix+".db")
-		db, err := databasesql.OpenSQLite(path)
+		db, err := sqlite.Open(path)
 		if err != nil {
 			return nil, err
 		}
-		d := &database{db: db, drv: databasesql.New(db, driver.SQLite), dialect: driver.SQLite, url: "sqlite:" + path, drop: func() {}}
+		d := &database{db: db, drv: sqlite.New(db), dialect: driver.SQLite, url: "sqlite:" + path, drop: func() {}}
 		return d, d.init(ctx)
 	}
 	schema := "ferry_prove_" + strings.ReplaceAll(name, "-", "_") + "_" + suffix

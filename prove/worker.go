@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 )
 
 // WorkerEnv names the environment variable that turns a process into a
@@ -82,7 +84,7 @@ func RunWorker(ctx context.Context) error {
 	var dialect driver.Dialect
 	var err error
 	if path, ok := strings.CutPrefix(job.DatabaseURL, "sqlite:"); ok {
-		db, err = databasesql.OpenSQLite(path)
+		db, err = sqlite.Open(path)
 		dialect = driver.SQLite
 	} else {
 		db, err = sql.Open("pgx", job.DatabaseURL)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
 	"github.com/ferryhq/ferry/relay"
@@ -26,15 +26,15 @@ func Example() {
 	dir, _ := os.MkdirTemp("", "ferry-relay-example-")
 	defer os.RemoveAll(dir)
 
-	db, _ := databasesql.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, _ := sqlite.Open(filepath.Join(dir, "app.db"))
 	defer db.Close()
-	store := databasesql.New(db, driver.SQLite)
+	store := sqlite.New(db)
 	if _, err := migrate.Up(ctx, store, ferry.Tables{}); err != nil {
 		fmt.Println(err)
 		return
 	}
 
-	nats, _ := natsjs.StartEmbedded(natsjs.WithStoreDir(filepath.Join(dir, "nats")))
+	nats, _ := natsembed.Start(natsembed.WithStoreDir(filepath.Join(dir, "nats")))
 	defer nats.Close()
 	pub, _ := natsjs.DialPublisher(nats.ClientURL())
 	defer pub.Close()

@@ -20,9 +20,9 @@ import (
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/cloudevents"
 	"github.com/ferryhq/ferry/broker/natsjs"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
@@ -67,7 +67,7 @@ func newPGStore(t testing.TB, shards int, extra ...outbox.Option) *store {
 func newSQLiteStore(t testing.TB, shards int) *store {
 	t.Helper()
 	db, _ := testenv.NewSQLite(t)
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(context.Background(), drv, ferry.Tables{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
@@ -155,13 +155,13 @@ type natsEnv struct {
 	url      string
 	stream   string
 	subjects []string
-	emb      *natsjs.Embedded
+	emb      *natsembed.Server
 }
 
-func startEmbeddedNATS(t testing.TB, opts ...natsjs.EmbeddedOption) *natsEnv {
+func startEmbeddedNATS(t testing.TB, opts ...natsembed.Option) *natsEnv {
 	t.Helper()
-	opts = append([]natsjs.EmbeddedOption{natsjs.WithStoreDir(t.TempDir())}, opts...)
-	e, err := natsjs.StartEmbedded(opts...)
+	opts = append([]natsembed.Option{natsembed.WithStoreDir(t.TempDir())}, opts...)
+	e, err := natsembed.Start(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +445,7 @@ func (s *store) writerWith(t testing.TB, tmpl ferry.TopicTemplate, extra ...outb
 		}
 		return w.Insert
 	}
-	w, err := outbox.New(databasesql.New(s.sqlDB, driver.SQLite), opts...)
+	w, err := outbox.New(sqlite.New(s.sqlDB), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

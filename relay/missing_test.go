@@ -15,7 +15,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/kafka"
-	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/broker/rabbitmq"
 	"github.com/ferryhq/ferry/internal/testenv"
 )
@@ -60,7 +60,7 @@ func kafkaMissing(t *testing.T) missingCase {
 }
 
 func natsMissing(t *testing.T) missingCase {
-	e, err := natsjs.StartEmbedded(natsjs.WithStoreDir(t.TempDir()))
+	e, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry"
-	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 )
 
 // TestPoisonEvent: an event over the broker's max payload goes dead with
@@ -23,7 +23,7 @@ func TestPoisonEvent(t *testing.T) {
 	for _, policy := range []DeadPolicy{DeadHold, DeadSkip} {
 		t.Run(string(policy), func(t *testing.T) {
 			s := newPGStore(t, 4)
-			n := startEmbeddedNATS(t, natsjs.WithMaxPayload(4096))
+			n := startEmbeddedNATS(t, natsembed.WithMaxPayload(4096))
 			ctx := context.Background()
 			var normal []ferry.Event
 			normal = append(normal, s.produce(t, 30, 6)...)

@@ -2,6 +2,7 @@ package natsjs
 
 import (
 	"context"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 //
 //	go test ./broker/natsjs -run '^$' -bench Publish -benchtime 20000x
 func BenchmarkPublish(b *testing.B) {
-	emb, err := StartEmbedded()
+	emb, err := natsembed.Start()
 	if err != nil {
 		b.Fatal(err)
 	}

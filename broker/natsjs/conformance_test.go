@@ -2,6 +2,7 @@ package natsjs
 
 import (
 	"context"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"net/url"
 	"testing"
 	"time"
@@ -81,7 +82,7 @@ func TestConformanceEmbedded(t *testing.T) {
 	brokertest.Run(t, brokertest.Harness{
 		Capabilities: natsCaps(maxPayload + 1),
 		Setup: func(t *testing.T) *brokertest.Env {
-			emb := startEmbedded(t, WithMaxPayload(maxPayload))
+			emb := startEmbedded(t, natsembed.WithMaxPayload(maxPayload))
 			admin := connect(t, emb.ClientURL())
 			return natsEnv(t, admin, emb.ClientURL(), func(t *testing.T) func() {
 				emb.Shutdown()

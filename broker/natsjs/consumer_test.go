@@ -2,6 +2,7 @@ package natsjs
 
 import (
 	"context"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"os"
 	"testing"
 	"time"
@@ -222,7 +223,7 @@ func TestConsumerOptionsValidate(t *testing.T) {
 
 func TestEmbeddedLifecycle(t *testing.T) {
 	dir := t.TempDir()
-	emb, err := StartEmbedded(WithStoreDir(dir))
+	emb, err := natsembed.Start(natsembed.WithStoreDir(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +252,7 @@ func TestEmbeddedLifecycle(t *testing.T) {
 		t.Errorf("given store dir removed by Close: %v", err)
 	}
 
-	own, err := StartEmbedded()
+	own, err := natsembed.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,10 +263,10 @@ func TestEmbeddedLifecycle(t *testing.T) {
 	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
 		t.Errorf("own temp store dir not removed: %v", err)
 	}
-	for name, o := range map[string]EmbeddedOption{
-		"dir": WithStoreDir(""), "port": WithPort(0), "payload": WithMaxPayload(0), "sync": WithSyncInterval(0),
+	for name, o := range map[string]natsembed.Option{
+		"dir": natsembed.WithStoreDir(""), "port": natsembed.WithPort(0), "payload": natsembed.WithMaxPayload(0), "sync": natsembed.WithSyncInterval(0),
 	} {
-		if _, err := StartEmbedded(o); err == nil {
+		if _, err := natsembed.Start(o); err == nil {
 			t.Errorf("%s: invalid option accepted", name)
 		}
 	}

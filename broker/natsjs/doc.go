@@ -1,7 +1,7 @@
 // Package natsjs is Ferry's NATS JetStream adapter: a [Publisher] for the
 // relay, a durable pull [Consumer] for the inbox, stream provisioning
 // ([EnsureStream], [CheckStream]) and an in-process server
-// ([StartEmbedded]) for the embedded stack and for outage tests. It uses
+// ([natsembed.Start]) for the embedded stack and for outage tests. It uses
 // nats.go's jetstream package and writes CloudEvents 1.0 binary mode
 // through [github.com/ferryhq/ferry/broker/cloudevents] (headers "ce-…",
 // "content-type"), so any CloudEvents SDK reads the messages.
@@ -72,7 +72,7 @@
 //     loss can lose acknowledged messages from the last interval. Set
 //     jetstream { sync_interval: always } (server 2.10+; 2.9.x has no such
 //     option) or run R3 streams across failure domains. The embedded server
-//     takes [WithSyncAlways] / [WithSyncInterval].
+//     takes natsembed's WithSyncAlways / WithSyncInterval.
 //   - replicas: on a cluster use Replicas: 3; the PubAck then means a
 //     quorum stored the message.
 //   - duplicate window: it is the broker's dedup horizon. A relay retry of
@@ -109,11 +109,13 @@
 //
 // # Embedded server
 //
-// [StartEmbedded] runs nats-server (the version in go.mod, 2.15.x) in
-// process on a random 127.0.0.1 port with a temporary or given store
-// directory. [Embedded.Shutdown] stops it and waits; [Embedded.Restart]
-// brings it back on the same port and store, which outage tests use;
-// [Embedded.Close] also removes a temporary store.
+// Package github.com/ferryhq/ferry/broker/natsjs/natsembed, kept apart so
+// that users of a real NATS cluster do not link nats-server, runs
+// nats-server (the version in go.mod, 2.15.x) in process on a random
+// 127.0.0.1 port with a temporary or given store directory. Its
+// Server.Shutdown stops it and waits; Server.Restart brings it back on the
+// same port and store, which outage tests use; Server.Close also removes a
+// temporary store.
 //
 // # Server versions
 //

@@ -11,13 +11,14 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 )
 
 // Example runs the whole path on an embedded server: provision a durable
 // stream, publish two events (the second twice, as a relay retry would),
 // and consume them with a durable pull consumer.
 func Example() {
-	srv, err := natsjs.StartEmbedded(natsjs.WithSyncAlways())
+	srv, err := natsembed.Start(natsembed.WithSyncAlways())
 	if err != nil {
 		log.Fatal(err)
 	}

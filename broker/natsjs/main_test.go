@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"testing"
 	"time"
 
@@ -23,7 +24,7 @@ func TestMain(m *testing.M) {
 type testServer struct {
 	name string
 	url  string
-	emb  *Embedded // nil for the system server
+	emb  *natsembed.Server // nil for the system server
 }
 
 // servers returns the system NATS (2.9.10 on the dev machine; skipped when
@@ -54,9 +55,9 @@ func systemURL(t *testing.T) string {
 	return u
 }
 
-func startEmbedded(t *testing.T, opts ...EmbeddedOption) *Embedded {
+func startEmbedded(t *testing.T, opts ...natsembed.Option) *natsembed.Server {
 	t.Helper()
-	emb, err := StartEmbedded(opts...)
+	emb, err := natsembed.Start(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

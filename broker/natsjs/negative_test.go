@@ -2,6 +2,7 @@ package natsjs
 
 import (
 	"context"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"os"
 	"os/exec"
 	"slices"
@@ -53,7 +54,7 @@ func TestBrokenAdapter(t *testing.T) {
 	brokertest.Run(t, brokertest.Harness{
 		Capabilities: caps,
 		Setup: func(t *testing.T) *brokertest.Env {
-			emb := startEmbedded(t, WithMaxPayload(64<<10))
+			emb := startEmbedded(t, natsembed.WithMaxPayload(64<<10))
 			admin := connect(t, emb.ClientURL())
 			env := natsEnv(t, admin, emb.ClientURL(), func(t *testing.T) func() {
 				emb.Shutdown()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/inbox"
 	"github.com/ferryhq/ferry/migrate"
@@ -97,7 +98,7 @@ Kafka runs on kfake in this process, NATS embedded or the server at
 			}
 			url := natsURL
 			if url == "" {
-				emb, err := natsjs.StartEmbedded()
+				emb, err := natsembed.Start()
 				if err != nil {
 					return err
 				}
@@ -196,9 +197,9 @@ func benchConsumeOnce(ctx context.Context, drv *pgxv5.Driver, tables ferry.Table
 			ev.ID.String(), ev.AggregateID, ev.AggregateSeq)
 		return err
 	}
-	ib, err := inbox.New[pgx.Tx](drv, "bench-"+run, handler, inbox.WithTables[pgx.Tx](tables),
-		inbox.WithWorkers[pgx.Tx](workers), inbox.WithBatch[pgx.Tx](batch, 2*time.Millisecond), inbox.WithQueue[pgx.Tx](256),
-		inbox.WithLogger[pgx.Tx](slog.New(slog.NewTextHandler(io.Discard, nil))))
+	ib, err := inbox.New[pgx.Tx](drv, "bench-"+run, handler, inbox.WithTables(tables),
+		inbox.WithWorkers(workers), inbox.WithBatch(batch, 2*time.Millisecond), inbox.WithQueue(256),
+		inbox.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		return 0, err
 	}

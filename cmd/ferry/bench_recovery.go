@@ -25,6 +25,7 @@ import (
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/kafka"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/broker/rabbitmq"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/inbox"
@@ -214,7 +215,7 @@ func newRecoveryEnv(ctx context.Context, c recoveryConfig, b string) (*recoveryE
 		url := c.natsURL
 		closeEnv := func() {}
 		if b == "nats-embedded" {
-			emb, err := natsjs.StartEmbedded()
+			emb, err := natsembed.Start()
 			if err != nil {
 				return nil, err
 			}
@@ -549,8 +550,8 @@ func newBenchConsumeWorkerCmd() *cobra.Command {
 					run, ev.ID.String(), ev.AggregateID, ev.AggregateSeq)
 				return err
 			}
-			ib, err := inbox.New[pgx.Tx](pgxv5.New(pool), "bench-recovery-"+run, handler, inbox.WithWorkers[pgx.Tx](workers),
-				inbox.WithLogger[pgx.Tx](slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))))
+			ib, err := inbox.New[pgx.Tx](pgxv5.New(pool), "bench-recovery-"+run, handler, inbox.WithWorkers(workers),
+				inbox.WithLogger(slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))))
 			if err != nil {
 				return err
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 )
 
 // `ferry cleanup window --set` compares --broker-dedup-window with the
@@ -18,7 +19,7 @@ import (
 // with --allow-below-broker (and a warning); 5m is accepted; Kafka and
 // RabbitMQ say they have nothing to compare; no --broker-url says so.
 func TestCleanupWindowComparesWithStream(t *testing.T) {
-	emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(t.TempDir()))
+	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}

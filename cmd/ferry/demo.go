@@ -14,8 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferryhq/ferry"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
 	"github.com/ferryhq/ferry/prove"
@@ -84,12 +83,12 @@ var errPaymentDeclined = errors.New("payment declined")
 func runDemo(ctx context.Context, out io.Writer, dir string) error {
 	path := filepath.Join(dir, "demo.db")
 	fmt.Fprintf(out, "── Part 1: the outbox (SQLite at %s) ──\n\n", path)
-	db, err := databasesql.OpenSQLite(path)
+	db, err := sqlite.Open(path)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		return err
 	}

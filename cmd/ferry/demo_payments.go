@@ -16,8 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ferryhq/ferry"
-	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/effect"
 	"github.com/ferryhq/ferry/effect/effecthttp"
 	"github.com/ferryhq/ferry/migrate"
@@ -127,12 +126,12 @@ func (p *demoProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // provider that drops responses and times out, and shows from the
 // provider's books that each order was charged exactly once.
 func runPaymentsDemo(ctx context.Context, out io.Writer, dir string) error {
-	db, err := databasesql.OpenSQLite(filepath.Join(dir, "payments.db"))
+	db, err := sqlite.Open(filepath.Join(dir, "payments.db"))
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		return err
 	}

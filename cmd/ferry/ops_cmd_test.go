@@ -9,8 +9,8 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/ops"
 	"github.com/ferryhq/ferry/outbox"
@@ -50,7 +50,7 @@ func TestOpsCommandsCLI(t *testing.T) {
 					t.Fatal(err)
 				}
 			} else {
-				w, err := outbox.New(databasesql.New(s.db, driver.SQLite))
+				w, err := outbox.New(sqlite.New(s.db))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -26,6 +26,7 @@ import (
 	"github.com/ferryhq/ferry/broker/cloudevents"
 	"github.com/ferryhq/ferry/broker/kafka"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/broker/rabbitmq"
 	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/relay"
@@ -325,7 +326,7 @@ func openDestination(ctx context.Context, f *relayFlags, log *slog.Logger, rows 
 	case u == "":
 		return nil, nil, errors.New("no broker: set --broker-url or FERRY_BROKER_URL")
 	case u == "embedded":
-		emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(f.embeddedDir))
+		emb, err := natsembed.Start(natsembed.WithStoreDir(f.embeddedDir))
 		if err != nil {
 			return nil, nil, err
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/kafka"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/broker/rabbitmq"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/internal/testenv"
@@ -264,7 +265,7 @@ func TestRelaySourceNATSAndRabbitMQ(t *testing.T) {
 		if len(findLogs(recs, "destination durability")) == 0 {
 			t.Errorf("no structured durability warning for the embedded server (R1, 2m fsync):\n%s", out)
 		}
-		emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(dir))
+		emb, err := natsembed.Start(natsembed.WithStoreDir(dir))
 		if err != nil {
 			t.Fatal(err)
 		}

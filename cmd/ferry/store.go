@@ -17,6 +17,7 @@ import (
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/logattr"
 )
 
@@ -178,7 +179,7 @@ func openDatabase(ctx context.Context, url string, tables ferry.Tables, create b
 				return nil, fmt.Errorf("sqlite database %s: %w", target, err)
 			}
 		}
-		db, err := databasesql.OpenSQLite(target)
+		db, err := sqlite.Open(target)
 		if err != nil {
 			return nil, err
 		}
@@ -186,7 +187,7 @@ func openDatabase(ctx context.Context, url string, tables ferry.Tables, create b
 			_ = db.Close()
 			return nil, fmt.Errorf("open sqlite %s: %w", target, err)
 		}
-		return &store{dialect: driver.SQLite, sql: databasesql.New(db, driver.SQLite), db: db, tables: tables}, nil
+		return &store{dialect: driver.SQLite, sql: sqlite.New(db), db: db, tables: tables}, nil
 	}
 }
 

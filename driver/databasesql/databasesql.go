@@ -1,27 +1,25 @@
-// Package databasesql is Ferry's driver for database/sql: Postgres through
-// pgx's stdlib driver ("pgx") and SQLite through modernc.org/sqlite ("sqlite").
+// Package databasesql is Ferry's driver core for database/sql: *sql.DB and
+// *sql.Tx in any dialect Ferry speaks. It links no database driver itself,
+// so a service links only the one it uses:
 //
-// For SQLite, open the database with a busy timeout and immediate
-// transactions so concurrent writers queue instead of failing, e.g.
-// "file:app.db?_pragma=busy_timeout(60000)&_pragma=journal_mode(WAL)&_txlock=immediate&_time_format=sqlite".
-// [OpenSQLite] does that for you.
+//   - Postgres: register a database/sql driver yourself, e.g.
+//     import _ "github.com/jackc/pgx/v5/stdlib" and sql.Open("pgx", url),
+//     then New(db, driver.Postgres).
+//   - SQLite: package [github.com/ferryhq/ferry/driver/sqlite] opens the file
+//     with the settings Ferry needs (modernc.org/sqlite) and builds the driver.
+//
+// Unique violations are recognised through the methods the drivers' error
+// types have (SQLState() for Postgres drivers, Code() for SQLite), so the
+// core needs none of their packages.
 package databasesql
 
 import (
 	"context"
 	"database/sql"
-	sqldriver "database/sql/driver"
 	"errors"
-	"fmt"
-	"net/url"
+	"reflect"
 	"regexp"
 	"strings"
-	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
-	"modernc.org/sqlite"
-	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/ferryhq/ferry/driver"
 )
@@ -30,73 +28,19 @@ import (
 type Driver struct {
 	db      *sql.DB
 	dialect driver.Dialect
+	mapErr  func(error) error
 }
 
 var _ driver.Driver[*sql.Tx] = (*Driver)(nil)
 
 // New returns a driver over db speaking dialect (driver.Postgres or
 // driver.SQLite). db may be nil when only UnwrapExecutor is used.
-func New(db *sql.DB, dialect driver.Dialect) *Driver {
-	return &Driver{db: db, dialect: dialect}
-}
-
-// SQLiteBusyTimeout is how long a SQLite connection opened by [OpenSQLite]
-// waits for a lock held by another connection or process before it fails
-// with SQLITE_BUSY: SQLite's busy timeout, and the bound on retrying a
-// connection's opening.
-const SQLiteBusyTimeout = 60 * time.Second
-
-// OpenSQLite opens (creating if needed) the SQLite file at path with the
-// settings Ferry relies on: WAL, a busy timeout, immediate transactions
-// (writers serialise at BEGIN, which is what makes per-aggregate sequencing
-// safe) and a sortable time format.
-//
-// Opening a connection to a fresh file switches it to WAL, a write that
-// SQLite refuses with SQLITE_BUSY at once, without waiting for the busy
-// timeout, when another connection switches it at the same moment (two
-// `ferry migrate up` processes on a new file). Such openings are retried
-// until SQLiteBusyTimeout; by then the other connection has made the file
-// WAL and the retry finds nothing to switch.
-func OpenSQLite(path string) (*sql.DB, error) {
-	q := url.Values{}
-	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", SQLiteBusyTimeout.Milliseconds()))
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(NORMAL)")
-	q.Add("_pragma", "foreign_keys(ON)")
-	q.Set("_txlock", "immediate")
-	q.Set("_time_format", "sqlite")
-	c, err := sqlite.NewConnector("file:" + path + "?" + q.Encode())
-	if err != nil {
-		return nil, fmt.Errorf("databasesql: open sqlite %s: %w", path, err)
+func New(db *sql.DB, dialect driver.Dialect, opts ...Option) *Driver {
+	d := &Driver{db: db, dialect: dialect}
+	for _, o := range opts {
+		o(d)
 	}
-	return sql.OpenDB(&busyRetryConnector{Connector: c, wait: SQLiteBusyTimeout}), nil
-}
-
-// busyRetryConnector retries opening a connection that failed with
-// SQLITE_BUSY, backing off, until wait has passed or ctx is done.
-type busyRetryConnector struct {
-	sqldriver.Connector
-	wait time.Duration
-}
-
-func (c *busyRetryConnector) Connect(ctx context.Context) (sqldriver.Conn, error) {
-	deadline := time.Now().Add(c.wait)
-	delay := time.Millisecond
-	for {
-		conn, err := c.Connector.Connect(ctx)
-		var sqErr *sqlite.Error
-		if err == nil || !errors.As(err, &sqErr) || sqErr.Code()&0xff != sqlite3.SQLITE_BUSY || time.Now().Add(delay).After(deadline) {
-			return conn, err
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, errors.Join(err, ctx.Err())
-		case <-t.C:
-		}
-		delay = min(2*delay, 50*time.Millisecond)
-	}
+	return d
 }
 
 // DB returns the *sql.DB the driver was built with.
@@ -115,11 +59,11 @@ func (d *Driver) MaxConns() int {
 func (d *Driver) Dialect() driver.Dialect { return d.dialect }
 
 // Executor runs on the pool.
-func (d *Driver) Executor() driver.Executor { return &executor{q: d.db, dialect: d.dialect} }
+func (d *Driver) Executor() driver.Executor { return &executor{q: d.db, dialect: d.dialect, d: d} }
 
 // UnwrapExecutor runs inside tx.
 func (d *Driver) UnwrapExecutor(tx *sql.Tx) driver.Executor {
-	return &executor{q: tx, dialect: d.dialect}
+	return &executor{q: tx, dialect: d.dialect, d: d}
 }
 
 // Begin starts a transaction.
@@ -132,9 +76,9 @@ func (d *Driver) Begin(ctx context.Context) (driver.Tx, error) {
 func (d *Driver) BeginTx(ctx context.Context) (*sql.Tx, driver.Tx, error) {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, nil, mapError(err)
+		return nil, nil, d.mapError(err)
 	}
-	return tx, &txExecutor{executor: executor{q: tx, dialect: d.dialect}, tx: tx}, nil
+	return tx, &txExecutor{executor: executor{q: tx, dialect: d.dialect, d: d}, tx: tx}, nil
 }
 
 type querier interface {
@@ -145,6 +89,7 @@ type querier interface {
 type executor struct {
 	q       querier
 	dialect driver.Dialect
+	d       *Driver
 }
 
 func (e *executor) Dialect() driver.Dialect { return e.dialect }
@@ -152,7 +97,7 @@ func (e *executor) Dialect() driver.Dialect { return e.dialect }
 func (e *executor) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	res, err := e.q.ExecContext(ctx, query, args...)
 	if err != nil {
-		return 0, mapError(err)
+		return 0, e.d.mapError(err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -164,22 +109,25 @@ func (e *executor) Exec(ctx context.Context, query string, args ...any) (int64, 
 func (e *executor) Query(ctx context.Context, query string, args ...any) (driver.Rows, error) {
 	rows, err := e.q.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, mapError(err)
+		return nil, e.d.mapError(err)
 	}
-	return &sqlRows{rows}, nil
+	return &sqlRows{Rows: rows, d: e.d}, nil
 }
 
-type sqlRows struct{ *sql.Rows }
+type sqlRows struct {
+	*sql.Rows
+	d *Driver
+}
 
 func (r *sqlRows) Close()     { _ = r.Rows.Close() }
-func (r *sqlRows) Err() error { return mapError(r.Rows.Err()) }
+func (r *sqlRows) Err() error { return r.d.mapError(r.Rows.Err()) }
 
 type txExecutor struct {
 	executor
 	tx *sql.Tx
 }
 
-func (t *txExecutor) Commit(ctx context.Context) error { return mapError(t.tx.Commit()) }
+func (t *txExecutor) Commit(ctx context.Context) error { return t.d.mapError(t.tx.Commit()) }
 
 func (t *txExecutor) Rollback(ctx context.Context) error {
 	err := t.tx.Rollback()
@@ -189,23 +137,94 @@ func (t *txExecutor) Rollback(ctx context.Context) error {
 	return err
 }
 
-func mapError(err error) error {
+// Option configures New.
+type Option func(*Driver)
+
+// WithErrorMapper adds a dialect package's own error mapping (a driver whose
+// error type has no method the core recognises, e.g. MySQL's error numbers).
+// It runs before the core's mapping; it returns err unchanged when it does
+// not recognise it.
+func WithErrorMapper(m func(error) error) Option {
+	return func(d *Driver) { d.mapErr = m }
+}
+
+// The codes the core recognises without importing the drivers.
+const (
+	pgUniqueViolation    = "23505" // SQLSTATE unique_violation
+	sqliteConstraintUniq = 2067    // SQLITE_CONSTRAINT_UNIQUE
+	sqliteConstraintPKey = 1555    // SQLITE_CONSTRAINT_PRIMARYKEY
+)
+
+func (d *Driver) mapError(err error) error {
 	if err == nil {
 		return nil
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return &driver.UniqueViolationError{Constraint: pgErr.ConstraintName, Detail: pgErr.Detail, Err: err}
+	if d != nil && d.mapErr != nil {
+		if m := d.mapErr(err); m != err {
+			return m
+		}
 	}
-	var sqErr *sqlite.Error
-	if errors.As(err, &sqErr) {
-		switch sqErr.Code() {
-		case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
-			return &driver.UniqueViolationError{Constraint: constraintFromMessage(sqErr.Error()), Err: err}
+	return MapError(err)
+}
+
+// MapError maps a unique violation from a Postgres driver (an error with
+// SQLState() "23505": pgx's *pgconn.PgError, lib/pq's *pq.Error) or from
+// SQLite (an error with Code() 2067 or 1555: modernc's *sqlite.Error) to a
+// *driver.UniqueViolationError naming the constraint; other errors are
+// returned unchanged.
+func MapError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) && pg.SQLState() == pgUniqueViolation {
+		c, detail := pgErrorFields(pg)
+		if c == "" {
+			if m := pgConstraintRE.FindStringSubmatch(err.Error()); m != nil {
+				c = m[1]
+			}
+		}
+		return &driver.UniqueViolationError{Constraint: c, Detail: detail, Err: err}
+	}
+	var sq interface{ Code() int }
+	if errors.As(err, &sq) {
+		switch sq.Code() {
+		case sqliteConstraintUniq, sqliteConstraintPKey:
+			return &driver.UniqueViolationError{Constraint: constraintFromMessage(err.Error()), Err: err}
 		}
 	}
 	return err
 }
+
+// pgErrorFields reads the constraint name and the detail ("Key
+// (event_id)=(…) already exists.") from a Postgres driver's error struct by
+// field name (pgx's PgError: ConstraintName, Detail; lib/pq's Error:
+// Constraint, Detail), so the core does not import either driver.
+func pgErrorFields(e any) (constraint, detail string) {
+	v := reflect.ValueOf(e)
+	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+		if v.IsNil() {
+			return "", ""
+		}
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.Struct {
+		return "", ""
+	}
+	str := func(names ...string) string {
+		for _, n := range names {
+			if f := v.FieldByName(n); f.IsValid() && f.Kind() == reflect.String {
+				return f.String()
+			}
+		}
+		return ""
+	}
+	return str("ConstraintName", "Constraint"), str("Detail")
+}
+
+// pgConstraintRE reads the constraint from Postgres's message
+// `duplicate key value violates unique constraint "name"`.
+var pgConstraintRE = regexp.MustCompile(`unique constraint "([^"]+)"`)
 
 // constraintFromMessage extracts the "table.column" list from modernc's
 // message "constraint failed: UNIQUE constraint failed: t.a, t.b (2067)":

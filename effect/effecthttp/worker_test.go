@@ -20,7 +20,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/effect"
 	"github.com/ferryhq/ferry/effect/effecthttp"
 	"github.com/ferryhq/ferry/internal/testenv"
@@ -141,7 +141,7 @@ func runDroppingProvider(t *testing.T, c *effecthttp.Client, n int) []effect.Rec
 	t.Helper()
 	ctx := context.Background()
 	db, _ := testenv.NewSQLite(t)
-	drv := driver.Driver[*sql.Tx](databasesql.New(db, driver.SQLite))
+	drv := driver.Driver[*sql.Tx](sqlite.New(db))
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		t.Fatal(err)
 	}

@@ -31,8 +31,8 @@ import (
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/command"
 	"github.com/ferryhq/ferry/command/commandmcp"
-	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/effect"
 	"github.com/ferryhq/ferry/inbox"
 	"github.com/ferryhq/ferry/migrate"
@@ -58,11 +58,11 @@ type Service struct {
 // Open opens (creating) the SQLite database at path, installs Ferry's
 // tables and the orders table.
 func Open(ctx context.Context, path string) (*Service, error) {
-	db, err := databasesql.OpenSQLite(path)
+	db, err := sqlite.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	drv := databasesql.New(db, driver.SQLite)
+	drv := sqlite.New(db)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -199,7 +199,7 @@ func (s *Service) RunBilling(ctx context.Context, nc *nats.Conn, p *Provider, lo
 			Target: "payments", Operation: "charge", Request: ev.Payload})
 		return err
 	}
-	ib, err := inbox.New(s.Driver, Consumer, inbox.Handler[*sql.Tx](handler), inbox.WithLogger[*sql.Tx](log))
+	ib, err := inbox.New(s.Driver, Consumer, inbox.Handler[*sql.Tx](handler), inbox.WithLogger(log))
 	if err != nil {
 		return err
 	}

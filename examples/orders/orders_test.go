@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/command/commandmcp"
 	"github.com/ferryhq/ferry/examples/orders"
 	"github.com/ferryhq/ferry/internal/testenv"
@@ -47,7 +48,7 @@ func TestAgentRetriesWhileRelayIsKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = svc.Close() })
-	emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(filepath.Join(dir, "nats")))
+	emb, err := natsembed.Start(natsembed.WithStoreDir(filepath.Join(dir, "nats")))
 	if err != nil {
 		t.Fatal(err)
 	}

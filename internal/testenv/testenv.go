@@ -13,6 +13,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"net"
 	"net/url"
 	"os"
@@ -20,10 +21,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Defaults for the loopback services of the development machine.
@@ -183,7 +183,7 @@ func (s *PostgresSchema) OpenSQL(t testing.TB) *sql.DB {
 func NewSQLite(t testing.TB) (*sql.DB, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "ferry.db")
-	db, err := databasesql.OpenSQLite(path)
+	db, err := sqlite.Open(path)
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/cloudevents"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/relay/cdc"
 )
 
@@ -23,13 +24,13 @@ import (
 // topic; it can be shut down and restarted (same port and store).
 type natsSink struct {
 	t      testing.TB
-	srv    *natsjs.Embedded
+	srv    *natsembed.Server
 	stream string
 }
 
 func startNATS(t testing.TB, maxMsgSize int32) *natsSink {
 	t.Helper()
-	srv, err := natsjs.StartEmbedded()
+	srv, err := natsembed.Start()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/docs"
 	"github.com/ferryhq/ferry/examples/orders"
 	"github.com/ferryhq/ferry/ops"
@@ -55,7 +56,7 @@ func run(ctx context.Context, dbPath, natsDir string) error {
 	if natsDir == "" {
 		natsDir = filepath.Join(filepath.Dir(dbPath), "orders-nats")
 	}
-	emb, err := natsjs.StartEmbedded(natsjs.WithStoreDir(natsDir))
+	emb, err := natsembed.Start(natsembed.WithStoreDir(natsDir))
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package databasesql_test
+package sqlite_test
 
 import (
 	"context"
@@ -10,19 +10,19 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/driver"
-	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/sqlite"
 )
 
 // A SQLite unique violation maps to *driver.UniqueViolationError naming
 // the table.column list, with a readable message (it used to read
 // "unique constraint UNIQUE constraint failed: t.a (2067 violated: …").
 func TestSQLiteUniqueViolationNamesTheColumns(t *testing.T) {
-	db, err := databasesql.OpenSQLite(filepath.Join(t.TempDir(), "u.db"))
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "u.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	exec := databasesql.New(db, driver.SQLite).Executor()
+	exec := sqlite.New(db).Executor()
 	ctx := context.Background()
 	for _, q := range []string{`CREATE TABLE t (a text UNIQUE, b text, c text, UNIQUE (b, c))`, `INSERT INTO t VALUES ('x', 'y', 'z')`} {
 		if _, err := exec.Exec(ctx, q); err != nil {
@@ -51,10 +51,10 @@ func TestSQLiteUniqueViolationNamesTheColumns(t *testing.T) {
 
 // A connection that opens a fresh file while another connection holds a
 // write lock on it cannot switch the file to WAL: SQLite answers SQLITE_BUSY
-// at once, without waiting for the busy timeout. OpenSQLite's connections
+// at once, without waiting for the busy timeout. Open's connections
 // retry their opening instead, so the open waits for the lock and succeeds
 // when it is released (two `ferry migrate up` on a new file used to fail so).
-func TestOpenSQLiteWaitsForALockedFreshFile(t *testing.T) {
+func TestOpenWaitsForALockedFreshFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "fresh.db")
 	ctx := context.Background()
 	holder, err := sql.Open("sqlite", "file:"+path)
@@ -70,7 +70,7 @@ func TestOpenSQLiteWaitsForALockedFreshFile(t *testing.T) {
 	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		t.Fatal(err)
 	}
-	db, err := databasesql.OpenSQLite(path)
+	db, err := sqlite.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

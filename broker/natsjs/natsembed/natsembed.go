@@ -1,4 +1,9 @@
-package natsjs
+// Package natsembed runs NATS JetStream in process: the broker of Ferry's
+// embedded stack (ferry demo, SQLite deployments) and of tests that stop and
+// restart a broker. It is its own package so that importing
+// github.com/ferryhq/ferry/broker/natsjs does not link nats-server, as
+// franz-go keeps kfake apart from kgo.
+package natsembed
 
 import (
 	"errors"
@@ -12,7 +17,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// Embedded is an in-process NATS server with JetStream, for the embedded
+// Server is an in-process NATS server with JetStream, for the embedded
 // stack (ferry demo, SQLite deployments) and for tests that need to stop
 // and restart a broker. It listens on loopback only.
 //
@@ -20,7 +25,7 @@ import (
 // port and store directory, so clients reconnect to the same URL and find
 // their streams and consumers again. Close stops it for good and removes a
 // store directory it created itself.
-type Embedded struct {
+type Server struct {
 	mu       sync.Mutex
 	opts     server.Options
 	srv      *server.Server
@@ -29,10 +34,10 @@ type Embedded struct {
 	closed   bool
 }
 
-// EmbeddedOption configures StartEmbedded.
-type EmbeddedOption func(*embeddedConfig) error
+// Option configures Start.
+type Option func(*config) error
 
-type embeddedConfig struct {
+type config struct {
 	storeDir     string
 	port         int
 	maxPayload   int32
@@ -44,10 +49,10 @@ type embeddedConfig struct {
 // WithStoreDir keeps JetStream's files in dir (created if missing) instead
 // of a fresh temporary directory. Use it to keep data across process
 // restarts; Close does not remove a directory given here.
-func WithStoreDir(dir string) EmbeddedOption {
-	return func(c *embeddedConfig) error {
+func WithStoreDir(dir string) Option {
+	return func(c *config) error {
 		if dir == "" {
-			return errors.New("natsjs: WithStoreDir: dir must not be empty")
+			return errors.New("natsembed: WithStoreDir: dir must not be empty")
 		}
 		c.storeDir = dir
 		return nil
@@ -55,10 +60,10 @@ func WithStoreDir(dir string) EmbeddedOption {
 }
 
 // WithPort listens on the given loopback port instead of a random free one.
-func WithPort(port int) EmbeddedOption {
-	return func(c *embeddedConfig) error {
+func WithPort(port int) Option {
+	return func(c *config) error {
 		if port < 1 || port > 65535 {
-			return fmt.Errorf("natsjs: WithPort: %d is outside 1..65535", port)
+			return fmt.Errorf("natsembed: WithPort: %d is outside 1..65535", port)
 		}
 		c.port = port
 		return nil
@@ -67,10 +72,10 @@ func WithPort(port int) EmbeddedOption {
 
 // WithMaxPayload sets the server's max_payload in bytes (default 1 MiB);
 // messages above it are rejected by the client before sending.
-func WithMaxPayload(n int32) EmbeddedOption {
-	return func(c *embeddedConfig) error {
+func WithMaxPayload(n int32) Option {
+	return func(c *config) error {
 		if n < 1 {
-			return fmt.Errorf("natsjs: WithMaxPayload: %d must be >= 1", n)
+			return fmt.Errorf("natsembed: WithMaxPayload: %d must be >= 1", n)
 		}
 		c.maxPayload = n
 		return nil
@@ -82,42 +87,42 @@ func WithMaxPayload(n int32) EmbeddedOption {
 // if the machine (not just the process) crashes within the sync interval.
 // It costs throughput; the embedded default is the server's default
 // (fsync every 2 minutes, writes go to the OS page cache at once).
-func WithSyncAlways() EmbeddedOption {
-	return func(c *embeddedConfig) error {
+func WithSyncAlways() Option {
+	return func(c *config) error {
 		c.syncAlways = true
 		return nil
 	}
 }
 
 // WithSyncInterval sets JetStream's periodic fsync interval.
-func WithSyncInterval(d time.Duration) EmbeddedOption {
-	return func(c *embeddedConfig) error {
+func WithSyncInterval(d time.Duration) Option {
+	return func(c *config) error {
 		if d <= 0 {
-			return fmt.Errorf("natsjs: WithSyncInterval: %v must be > 0", d)
+			return fmt.Errorf("natsembed: WithSyncInterval: %v must be > 0", d)
 		}
 		c.syncInterval = d
 		return nil
 	}
 }
 
-// StartEmbedded starts an in-process NATS server with JetStream (file
+// Start starts an in-process NATS server with JetStream (file
 // storage) on 127.0.0.1 and waits until it accepts connections.
-func StartEmbedded(opts ...EmbeddedOption) (*Embedded, error) {
-	cfg := embeddedConfig{readyTimeout: 10 * time.Second}
+func Start(opts ...Option) (*Server, error) {
+	cfg := config{readyTimeout: 10 * time.Second}
 	for _, o := range opts {
 		if err := o(&cfg); err != nil {
 			return nil, err
 		}
 	}
-	e := &Embedded{storeDir: cfg.storeDir}
+	e := &Server{storeDir: cfg.storeDir}
 	if e.storeDir == "" {
 		dir, err := os.MkdirTemp("", "ferry-nats-*")
 		if err != nil {
-			return nil, fmt.Errorf("natsjs: embedded store dir: %w", err)
+			return nil, fmt.Errorf("natsembed: embedded store dir: %w", err)
 		}
 		e.storeDir, e.ownsDir = dir, true
 	} else if err := os.MkdirAll(e.storeDir, 0o700); err != nil {
-		return nil, fmt.Errorf("natsjs: embedded store dir: %w", err)
+		return nil, fmt.Errorf("natsembed: embedded store dir: %w", err)
 	}
 	port := cfg.port
 	if port == 0 {
@@ -149,27 +154,27 @@ func StartEmbedded(opts ...EmbeddedOption) (*Embedded, error) {
 }
 
 // freePort asks the kernel for a free loopback port. The port is fixed for
-// the Embedded's lifetime so that Restart comes back at the same URL.
+// the Server's lifetime so that Restart comes back at the same URL.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, fmt.Errorf("natsjs: find a free port: %w", err)
+		return 0, fmt.Errorf("natsembed: find a free port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func (e *Embedded) start() error {
+func (e *Server) start() error {
 	opts := e.opts // the server keeps and mutates its copy
 	srv, err := server.NewServer(&opts)
 	if err != nil {
-		return fmt.Errorf("natsjs: embedded server: %w", err)
+		return fmt.Errorf("natsembed: embedded server: %w", err)
 	}
 	srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
 		srv.WaitForShutdown()
-		return fmt.Errorf("natsjs: embedded server on port %d not ready within 10s", e.opts.Port)
+		return fmt.Errorf("natsembed: embedded server on port %d not ready within 10s", e.opts.Port)
 	}
 	e.srv = srv
 	return nil
@@ -177,15 +182,15 @@ func (e *Embedded) start() error {
 
 // ClientURL is the nats:// URL clients connect to. It stays the same
 // across Shutdown and Restart.
-func (e *Embedded) ClientURL() string {
+func (e *Server) ClientURL() string {
 	return "nats://" + net.JoinHostPort(e.opts.Host, strconv.Itoa(e.opts.Port))
 }
 
 // StoreDir is where JetStream keeps its files.
-func (e *Embedded) StoreDir() string { return e.storeDir }
+func (e *Server) StoreDir() string { return e.storeDir }
 
 // Running reports whether the server is up.
-func (e *Embedded) Running() bool {
+func (e *Server) Running() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.srv != nil
@@ -194,13 +199,13 @@ func (e *Embedded) Running() bool {
 // Shutdown stops the server and waits until it has stopped (every server
 // goroutine ended, files closed). The store is kept; Restart resumes from
 // it. Calling Shutdown on a stopped server does nothing.
-func (e *Embedded) Shutdown() {
+func (e *Server) Shutdown() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.shutdownLocked()
 }
 
-func (e *Embedded) shutdownLocked() {
+func (e *Server) shutdownLocked() {
 	if e.srv == nil {
 		return
 	}
@@ -213,21 +218,21 @@ func (e *Embedded) shutdownLocked() {
 // directory (streams, consumers and messages are recovered from disk).
 // It fails if the server is running or closed, or if the port was taken
 // in the meantime.
-func (e *Embedded) Restart() error {
+func (e *Server) Restart() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return errors.New("natsjs: Restart after Close")
+		return errors.New("natsembed: Restart after Close")
 	}
 	if e.srv != nil {
-		return errors.New("natsjs: Restart of a running server")
+		return errors.New("natsembed: Restart of a running server")
 	}
 	return e.start()
 }
 
 // Close shuts the server down and removes the store directory if
-// StartEmbedded created it.
-func (e *Embedded) Close() error {
+// Start created it.
+func (e *Server) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.shutdownLocked()
@@ -238,12 +243,12 @@ func (e *Embedded) Close() error {
 	return e.removeDir()
 }
 
-func (e *Embedded) removeDir() error {
+func (e *Server) removeDir() error {
 	if !e.ownsDir {
 		return nil
 	}
 	if err := os.RemoveAll(e.storeDir); err != nil {
-		return fmt.Errorf("natsjs: remove store dir: %w", err)
+		return fmt.Errorf("natsembed: remove store dir: %w", err)
 	}
 	return nil
 }
