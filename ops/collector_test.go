@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/deploy"
+	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/ops"
 )
 
@@ -17,6 +18,9 @@ import (
 // open gap, an old parked message, an unknown effect, a dead letter, and
 // the soft cap; and stay quiet once those rows are resolved.
 func TestCollectorDrivesInboxAndEffectAlerts(t *testing.T) {
+	if _, err := deploy.Promtool(); err != nil {
+		testenv.Unavailable(t, "%v", err) // skips, or fails under FERRY_REQUIRE_SERVICES=1
+	}
 	both(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		reg := prometheus.NewRegistry()

@@ -14,6 +14,7 @@ import (
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/deploy"
+	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/ops"
 	"github.com/ferryhq/ferry/relay"
 )
@@ -91,6 +92,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // ops collector's metrics: it fires while the relay is down and clears
 // once a restarted relay has drained the backlog.
 func TestRelayStoppedBacklogAlertFiresAndRecovers(t *testing.T) {
+	if _, err := deploy.Promtool(); err != nil {
+		testenv.Unavailable(t, "%v", err) // skips, or fails under FERRY_REQUIRE_SERVICES=1
+	}
 	both(t, func(t *testing.T, e *env) {
 		o := e.ops
 		reg := prometheus.NewRegistry()
