@@ -9,8 +9,12 @@
 //     any dialect; it links no database client (register your own).
 //   - [github.com/ferryhq/ferry/driver/sqlite]: SQLite through
 //     modernc.org/sqlite, over the databasesql core.
+//   - [github.com/ferryhq/ferry/driver/mysql]: MySQL 8 and MariaDB 10.6+
+//     through github.com/go-sql-driver/mysql, over the databasesql core.
 //
-// Statements use $1, $2… placeholders in both dialects.
+// Statements use $1, $2… placeholders and "double-quoted" identifiers in
+// every dialect; for MySQL the databasesql core rewrites them to ? (with the
+// arguments reordered) and `backticks` before sending.
 package driver
 
 import (
@@ -25,6 +29,9 @@ type Dialect string
 const (
 	Postgres Dialect = "postgres"
 	SQLite   Dialect = "sqlite"
+	// MySQL is MySQL 8 and MariaDB 10.6+ (one dialect; the differences
+	// live in driver/mysql and the migrations).
+	MySQL Dialect = "mysql"
 )
 
 // Executor runs statements, either on a pool or inside a transaction.
@@ -114,10 +121,23 @@ func (e *UniqueViolationError) Unwrap() error { return e.Err }
 // Is reports ErrUniqueViolation.
 func (e *UniqueViolationError) Is(target error) bool { return target == ErrUniqueViolation }
 
-// Rebind turns $n placeholders into the form a dialect wants. Both supported
-// dialects accept $n, so it returns sql unchanged; it exists so a future
-// dialect (MySQL) changes one function.
+// Rebind turns $n placeholders into the form a dialect wants. Postgres and
+// SQLite accept $n, so it returns sql unchanged. MySQL's ? placeholders
+// cannot say which argument they take, so its rewrite also reorders the
+// arguments: the databasesql core does it for every MySQL statement (cached
+// per Driver), and Rebind leaves sql unchanged for MySQL too.
 func Rebind(_ Dialect, sql string) string { return sql }
+
+// ErrDeadlock is wrapped by drivers when the database chose the statement's
+// transaction as a deadlock victim (MySQL/MariaDB error 1213). InnoDB has
+// rolled the whole transaction back: the caller retries it from the start.
+var ErrDeadlock = errors.New("driver: deadlock, transaction rolled back")
+
+// ErrLockTimeout is wrapped by drivers when a statement waited longer than
+// the database's lock wait timeout (MySQL/MariaDB error 1205,
+// innodb_lock_wait_timeout). InnoDB rolls back only the statement unless
+// innodb_rollback_on_timeout is on; the transaction may be retried.
+var ErrLockTimeout = errors.New("driver: lock wait timeout")
 
 // QueryRow runs sql on exec and scans its first row into dest. found is
 // false, and dest untouched, when there is no row; further rows are

@@ -398,7 +398,8 @@ func (w *Writer[TTx]) mapWriteErr(err error, events []ferry.Event) error {
 
 // duplicateOf builds the error for an event id already in the outbox: the
 // event at index, or (index < 0) the one whose id the database's detail
-// names ("Key (event_id)=(…) already exists.").
+// names ("Key (event_id)=(…) already exists."; MySQL: "Duplicate entry
+// '…' for key '…event_id_key'").
 func duplicateOf(events []ferry.Event, index int, detail string, err error) error {
 	if index < 0 {
 		if m := detailIDRE.FindStringSubmatch(detail); m != nil {
@@ -419,4 +420,6 @@ func duplicateOf(events []ferry.Event, index int, detail string, err error) erro
 	return de
 }
 
-var detailIDRE = regexp.MustCompile(`\(event_id\)=\(([0-9a-fA-F-]{36})\)`)
+// detailIDRE reads the id from Postgres's detail "Key (event_id)=(…)" and
+// from MySQL/MariaDB's message "Duplicate entry '…' for key …".
+var detailIDRE = regexp.MustCompile(`(?:\(event_id\)=\(|Duplicate entry ')([0-9a-fA-F-]{36})[)']`)

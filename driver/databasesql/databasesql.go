@@ -29,12 +29,17 @@ type Driver struct {
 	db      *sql.DB
 	dialect driver.Dialect
 	mapErr  func(error) error
+	// binds caches the MySQL rewrites of statements ($n → ?).
+	binds bindCache
 }
 
 var _ driver.Driver[*sql.Tx] = (*Driver)(nil)
 
-// New returns a driver over db speaking dialect (driver.Postgres or
-// driver.SQLite). db may be nil when only UnwrapExecutor is used.
+// New returns a driver over db speaking dialect (driver.Postgres,
+// driver.SQLite or driver.MySQL; for MySQL use package driver/mysql, which
+// adds its error mapping). With driver.MySQL every statement's $n
+// placeholders and "quoted" identifiers are rewritten to ? (arguments
+// reordered) and `backticks`, cached per Driver. db may be nil when only UnwrapExecutor is used.
 func New(db *sql.DB, dialect driver.Dialect, opts ...Option) *Driver {
 	d := &Driver{db: db, dialect: dialect}
 	for _, o := range opts {
@@ -94,7 +99,25 @@ type executor struct {
 
 func (e *executor) Dialect() driver.Dialect { return e.dialect }
 
+// rebind rewrites query and args for MySQL (see bindMySQL); other
+// dialects take them as they are.
+func (e *executor) rebind(query string, args []any) (string, []any, error) {
+	if e.dialect != driver.MySQL {
+		return query, args, nil
+	}
+	b, err := e.d.binds.get(query)
+	if err != nil {
+		return "", nil, err
+	}
+	args, err = b.args(args)
+	return b.sql, args, err
+}
+
 func (e *executor) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	query, args, err := e.rebind(query, args)
+	if err != nil {
+		return 0, err
+	}
 	res, err := e.q.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, e.d.mapError(err)
@@ -107,6 +130,10 @@ func (e *executor) Exec(ctx context.Context, query string, args ...any) (int64, 
 }
 
 func (e *executor) Query(ctx context.Context, query string, args ...any) (driver.Rows, error) {
+	query, args, err := e.rebind(query, args)
+	if err != nil {
+		return nil, err
+	}
 	rows, err := e.q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, e.d.mapError(err)

@@ -4,7 +4,8 @@
 // unless FERRY_REQUIRE_SERVICES=1, where absence fails the test (CI).
 //
 // Servers are found through FERRY_TEST_POSTGRES_URL, FERRY_TEST_NATS_URL,
-// FERRY_TEST_RABBITMQ_URL, defaulting to the loopback services.
+// FERRY_TEST_RABBITMQ_URL, FERRY_TEST_MYSQL_URL, defaulting to the loopback
+// services.
 package testenv
 
 import (
