@@ -32,6 +32,7 @@ FERRY_DATABASE_URL; a value the flag refuses is an error.`,
 		newProveCmd(),
 		newStatusCmd(), newDLQCmd(), newParkedCmd(), newReplayCmd(), newCleanupCmd(), newEvidenceCmd(), newEffectsCmd(),
 		newConsoleCmd(), newMCPCmd(), newApprovalsCmd(),
+		newVetCmd(),
 	)
 	refuseUnknownSubcommands(root)
 	return root
