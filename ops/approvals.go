@@ -458,12 +458,13 @@ func (o *Ops) RequestAction(ctx context.Context, plan Plan, by opsauth.Identity,
 	}
 	var id int64
 	err = o.inTx(ctx, func(tx driver.Tx) error {
-		if err := queryRow(ctx, tx, fmt.Sprintf(`INSERT INTO %s (created_at, action, spec, plan_hash, row_count, plan_rows, requested_by, requested_agent, requested_via, reason, status)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending') RETURNING id`, o.t("ops_approvals")),
-			[]any{o.now(), plan.Spec.Action, string(sj), now.Hash, now.Rows, string(rj), by.Name, by.Agent, by.Source, reason}, &id); err != nil {
+		var err error
+		if id, err = o.insertID(ctx, tx, fmt.Sprintf(`INSERT INTO %s (created_at, action, spec, plan_hash, row_count, plan_rows, requested_by, requested_agent, requested_via, reason, status)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending')`, o.t("ops_approvals")),
+			[]any{o.now(), plan.Spec.Action, string(sj), now.Hash, now.Rows, string(rj), by.Name, by.Agent, by.Source, reason}); err != nil {
 			return fmt.Errorf("ops: record approval request: %w", err)
 		}
-		_, err := o.writeAudit(ctx, tx, "approval.request", a, approvalFilter(id, plan.Spec.Action, now.Hash), planKeys(now.Plan), now.Rows)
+		_, err = o.writeAudit(ctx, tx, "approval.request", a, approvalFilter(id, plan.Spec.Action, now.Hash), planKeys(now.Plan), now.Rows)
 		return err
 	})
 	if err != nil {

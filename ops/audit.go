@@ -73,9 +73,8 @@ func (o *Ops) writeAudit(ctx context.Context, tx driver.Executor, action string,
 	if err != nil {
 		return 0, fmt.Errorf("ops: audit ids: %w", err)
 	}
-	var id int64
-	err = queryRow(ctx, tx, fmt.Sprintf(`INSERT INTO %s (at, actor, action, filter, row_count, reason, ids) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`, o.t("ops_audit")),
-		[]any{o.now(), a.Actor, action, string(fj), n, a.Reason, string(ij)}, &id)
+	id, err := o.insertID(ctx, tx, fmt.Sprintf(`INSERT INTO %s (at, actor, action, filter, row_count, reason, ids) VALUES ($1, $2, $3, $4, $5, $6, $7)`, o.t("ops_audit")),
+		[]any{o.now(), a.Actor, action, string(fj), n, a.Reason, string(ij)})
 	if err != nil {
 		return 0, fmt.Errorf("ops: write audit row: %w", err)
 	}

@@ -82,8 +82,7 @@ func (o *Ops) SetReplayWindow(ctx context.Context, w Window, a Approval) (Result
 	}
 	err := o.inTx(ctx, func(tx driver.Tx) error {
 		for name, d := range map[string]time.Duration{SettingBrokerDedupWindow: w.BrokerDedupWindow, SettingInboxReplayHorizon: w.InboxReplayHorizon} {
-			if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (name, value_seconds, updated_at) VALUES ($1, $2, $3)
-ON CONFLICT (name) DO UPDATE SET value_seconds = excluded.value_seconds, updated_at = excluded.updated_at`, o.t("ops_settings")),
+			if _, err := tx.Exec(ctx, o.upsertSetting(),
 				name, int64(d/time.Second), o.now()); err != nil {
 				return fmt.Errorf("ops: store %s: %w", name, err)
 			}
@@ -354,16 +353,7 @@ func (o *Ops) deleteBatches(ctx context.Context, t cleanupTarget, opts CleanupOp
 		}
 		return n, 0, nil
 	}
-	lock := ""
-	if o.pg() {
-		lock = " FOR UPDATE SKIP LOCKED"
-	}
-	sel := t.sel
-	if sel == "" {
-		sel = t.key
-	}
-	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE %[2]s IN (SELECT %[6]s FROM %[1]s WHERE %[3]s LIMIT %[4]d%[5]s)`,
-		o.t(t.table), t.key, t.cond, opts.BatchSize, lock, sel)
+	q := o.cleanupDelete(t, opts.BatchSize)
 	var total int64
 	batches := 0
 	for opts.MaxBatches == 0 || batches < opts.MaxBatches {

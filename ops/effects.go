@@ -85,11 +85,7 @@ func (o *Ops) effectWhere(w *where, f EffectFilter) {
 		}
 	}
 	if f.ErrorContains != "" {
-		if o.pg() {
-			w.add("strpos(last_error, ?) > 0", f.ErrorContains)
-		} else {
-			w.add("instr(last_error, ?) > 0", f.ErrorContains)
-		}
+		w.add(o.containsText("last_error"), f.ErrorContains)
 	}
 }
 
@@ -195,7 +191,7 @@ func (o *Ops) RequeueFailedEffects(ctx context.Context, f EffectFilter, a Approv
 	limit := Filter{Limit: f.Limit}.limit()
 	err := o.inTx(ctx, func(tx driver.Tx) error {
 		lock := ""
-		if o.pg() && a.Approve {
+		if o.rowLocks() && a.Approve {
 			lock = " FOR UPDATE" // the worker cannot touch a failed row, but a cleanup could delete it
 		}
 		w := &where{}
@@ -223,7 +219,7 @@ func (o *Ops) RequeueFailedEffects(ctx context.Context, f EffectFilter, a Approv
 			return nil
 		}
 		return o.updateIDs(ctx, tx, action, "effects", `state = 'pending', attempts = 0, next_attempt_at = ?, updated_at = ?, completed_at = NULL,
-    lease_owner = '', lease_until = NULL, last_error = ? || last_error`,
+    lease_owner = '', lease_until = NULL, last_error = `+o.prefixText("last_error"),
 			[]any{now, now, fmt.Sprintf("requeued (audit %d); was: ", auditID)}, ids, "state = 'failed'")
 	})
 	if err != nil {

@@ -148,11 +148,7 @@ func (o *Ops) outboxWhere(w *where, f Filter, now time.Time) {
 	if f.ErrorContains != "" {
 		// instr/strpos instead of LIKE: the text is matched literally, so
 		// % and _ in it mean themselves.
-		if o.pg() {
-			w.add("strpos(last_error, ?) > 0", f.ErrorContains)
-		} else {
-			w.add("instr(last_error, ?) > 0", f.ErrorContains)
-		}
+		w.add(o.containsText("last_error"), f.ErrorContains)
 	}
 	if f.OlderThan > 0 {
 		w.add("created_at <= ?", now.Add(-f.OlderThan))

@@ -157,62 +157,6 @@ func (o *Ops) t(base string) string { return o.cfg.tables.Name(base) }
 
 func (o *Ops) now() time.Time { return o.cfg.now().UTC() }
 
-func (o *Ops) pg() bool { return o.db.Dialect() == driver.Postgres }
-
-// uuidText selects a uuid column as text on both dialects.
-func (o *Ops) uuidText(col string) string {
-	if o.pg() {
-		return col + "::text"
-	}
-	return col
-}
-
-// tableExists reports whether Ferry table base is installed.
-func (o *Ops) tableExists(ctx context.Context, exec driver.Executor, base string) (bool, error) {
-	var q string
-	var args []any
-	if o.pg() {
-		if o.cfg.tables.Schema != "" {
-			q = `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name = $2`
-			args = []any{o.cfg.tables.Schema, o.cfg.tables.Bare(base)}
-		} else {
-			q = `SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = $1`
-			args = []any{o.cfg.tables.Bare(base)}
-		}
-	} else {
-		q = `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = $1`
-		args = []any{o.cfg.tables.Bare(base)}
-	}
-	var n int64
-	if err := queryRow(ctx, exec, q, args, &n); err != nil {
-		return false, fmt.Errorf("ops: look up table %s: %w", base, err)
-	}
-	return n > 0, nil
-}
-
-// columnExists reports whether table base has column col.
-func (o *Ops) columnExists(ctx context.Context, exec driver.Executor, base, col string) (bool, error) {
-	var q string
-	var args []any
-	if o.pg() {
-		if o.cfg.tables.Schema != "" {
-			q = `SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 AND column_name = $3`
-			args = []any{o.cfg.tables.Schema, o.cfg.tables.Bare(base), col}
-		} else {
-			q = `SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2`
-			args = []any{o.cfg.tables.Bare(base), col}
-		}
-	} else {
-		q = `SELECT count(*) FROM pragma_table_info($1) WHERE name = $2`
-		args = []any{o.cfg.tables.Bare(base), col}
-	}
-	var n int64
-	if err := queryRow(ctx, exec, q, args, &n); err != nil {
-		return false, fmt.Errorf("ops: look up column %s.%s: %w", base, col, err)
-	}
-	return n > 0, nil
-}
-
 // queryRow scans the first row of q into dest; ErrNotFound when none.
 func queryRow(ctx context.Context, exec driver.Executor, q string, args []any, dest ...any) error {
 	found, err := driver.QueryRow(ctx, exec, q, args, dest...)

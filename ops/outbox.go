@@ -42,10 +42,7 @@ type OutboxMessage struct {
 }
 
 func (o *Ops) outboxCols() string {
-	size := "octet_length(payload)"
-	if !o.pg() {
-		size = "length(payload)"
-	}
+	size := o.payloadSize()
 	return "id, " + o.uuidText("event_id") + `, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
 		topic, shard, ` + size + `, occurred_at, created_at, traceparent, correlation_id, causation_id, principal, action, target,
 		status, attempts, next_attempt_at, last_error, published_at, broker_receipt, discarded_at`
@@ -251,7 +248,7 @@ func (o *Ops) runOutboxAction(ctx context.Context, f Filter, a Approval, act out
 	limit := f.limit()
 	err := o.inTx(ctx, func(tx driver.Tx) error {
 		lock := ""
-		if o.pg() && a.Approve {
+		if o.rowLocks() && a.Approve {
 			// Lock the rows so the relay cannot change them between our read
 			// and our write; SQLite's write lock (BEGIN IMMEDIATE) does the same.
 			lock = " FOR UPDATE"

@@ -132,10 +132,7 @@ type ParkedMessage struct {
 }
 
 func (o *Ops) parkedCols() string {
-	size, ev := "octet_length(payload)", "event_id::text"
-	if !o.pg() {
-		size, ev = "length(payload)", "event_id"
-	}
+	size, ev := o.payloadSize(), o.uuidText("event_id")
 	return `id, consumer, reason, attempts, first_seen, last_seen, last_error, resolved_at, resolution, tenant_id, ` + ev + `,
 		aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version, topic, correlation_id, principal, action, target, ` + size + `,
 		replay_requested_at, replay_request, replay_audit_id`
@@ -279,7 +276,7 @@ func (o *Ops) requestParked(ctx context.Context, f ParkedFilter, a Approval, kin
 	limit := Filter{Limit: f.Limit}.limit()
 	err := o.inTx(ctx, func(tx driver.Tx) error {
 		lock := ""
-		if o.pg() && a.Approve {
+		if o.rowLocks() && a.Approve {
 			lock = " FOR UPDATE"
 		}
 		ps, err := o.queryParked(ctx, tx, fmt.Sprintf(`SELECT %s FROM %s WHERE %s ORDER BY id LIMIT %d%s`,

@@ -174,7 +174,7 @@ func (o *Ops) SearchOutbox(ctx context.Context, q OutboxQuery) (SearchPage[Outbo
 			return SearchPage[OutboxMessage]{}, err
 		}
 		var atArg any = at
-		if !o.pg() {
+		if o.sqlite() {
 			// SQLite stores created_at as text in strftime's format
 			// (always three fraction digits); a time.Time argument is
 			// rendered with trailing zeros trimmed (.12 for .120), which

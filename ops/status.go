@@ -311,10 +311,9 @@ var sections = []sectionDef{
 func (o *Ops) installed(ctx context.Context, exec driver.Executor) (map[string]bool, map[int]bool, error) {
 	byBare := map[string]string{}
 	var args []any
-	schema := "current_schema()"
-	if o.pg() && o.cfg.tables.Schema != "" {
-		args = append(args, o.cfg.tables.Schema)
-		schema = "$1"
+	scope := ""
+	if o.pg() || o.mysql() {
+		scope, args = o.schemaScope(1)
 	}
 	var ph []string
 	add := func(base string) {
@@ -329,11 +328,7 @@ func (o *Ops) installed(ctx context.Context, exec driver.Executor) (map[string]b
 			add(base)
 		}
 	}
-	q := fmt.Sprintf(`SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (%s)`, strings.Join(ph, ", "))
-	if o.pg() {
-		q = fmt.Sprintf(`SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_name IN (%s)`, schema, strings.Join(ph, ", "))
-	}
-	rows, err := exec.Query(ctx, q, args...)
+	rows, err := exec.Query(ctx, o.installedTablesSQL(scope, ph), args...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ops: look up installed tables: %w", err)
 	}
