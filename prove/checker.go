@@ -231,7 +231,7 @@ func collect(ctx context.Context, e *env) (*truth, error) {
 		return nil, err
 	}
 	if e.realInbox {
-		if err := scanRows(ctx, ex, `SELECT idem_key, CAST(event_id AS TEXT), state, reconciliations FROM ferry_effects`, func(s func(...any) error) error {
+		if err := scanRows(ctx, ex, sqlFor(ex.Dialect(), `SELECT idem_key, CAST(event_id AS TEXT), state, reconciliations FROM ferry_effects`), func(s func(...any) error) error {
 			var r ledgerEffect
 			if err := s(&r.key, &r.eventID, &r.state, &r.reconciliations); err != nil {
 				return err

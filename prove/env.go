@@ -181,7 +181,7 @@ func supervise(ctx context.Context, wg *sync.WaitGroup, log *slog.Logger, name s
 // reason, resolved (healed or released), first seen in Unix nanoseconds.
 func (e *env) parkedQuery() string {
 	if e.realInbox {
-		return `SELECT COALESCE(CAST(event_id AS TEXT), ''), reason, CASE WHEN resolved_at IS NULL THEN 0 ELSE 1 END, first_seen FROM ferry_inbox_parked`
+		return sqlFor(e.db.dialect, `SELECT COALESCE(CAST(event_id AS TEXT), ''), reason, CASE WHEN resolved_at IS NULL THEN 0 ELSE 1 END, first_seen FROM ferry_inbox_parked`)
 	}
 	return `SELECT event_id, reason, healed_at, first_seen FROM prove_parked`
 }
@@ -190,7 +190,7 @@ func (e *env) parkedQuery() string {
 // for a reason other than a gap".
 func (e *env) openParkedSQL() string {
 	if e.realInbox {
-		return `EXISTS (SELECT 1 FROM ferry_inbox_parked p WHERE CAST(p.event_id AS TEXT) = b.event_id AND p.resolved_at IS NULL AND p.reason <> 'gap')`
+		return sqlFor(e.db.dialect, `EXISTS (SELECT 1 FROM ferry_inbox_parked p WHERE CAST(p.event_id AS TEXT) = b.event_id AND p.resolved_at IS NULL AND p.reason <> 'gap')`)
 	}
 	return `EXISTS (SELECT 1 FROM prove_parked p WHERE p.event_id = b.event_id AND p.healed_at = 0 AND p.reason <> 'gap')`
 }

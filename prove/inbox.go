@@ -103,7 +103,7 @@ func (c *refInbox) handle(ctx context.Context, d *broker.Delivery) error {
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	fp := fingerprint(d)
-	n, err := tx.Exec(ctx, `INSERT INTO prove_inbox (consumer, event_id, fingerprint, claimed_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
+	n, err := tx.Exec(ctx, sqlFor(tx.Dialect(), `INSERT INTO prove_inbox (consumer, event_id, fingerprint, claimed_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`),
 		consumerName, id, fp, time.Now().UnixNano())
 	if err != nil {
 		return fmt.Errorf("inbox: claim: %w", err)
@@ -234,13 +234,13 @@ func (c *refInbox) apply(ctx context.Context, ex driver.Executor, id string, e f
 		return fmt.Errorf("inbox: apply: %w", err)
 	}
 	c.env.metrics.applied.WithLabelValues(e.TenantID, e.EventType).Inc()
-	if _, err := ex.Exec(ctx, `INSERT INTO prove_cursor (consumer, tenant_id, aggregate_type, aggregate_id, last_seq, updated_at) VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (consumer, tenant_id, aggregate_type, aggregate_id) DO UPDATE SET last_seq = excluded.last_seq, updated_at = excluded.updated_at`,
+	if _, err := ex.Exec(ctx, sqlFor(ex.Dialect(), `INSERT INTO prove_cursor (consumer, tenant_id, aggregate_type, aggregate_id, last_seq, updated_at) VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (consumer, tenant_id, aggregate_type, aggregate_id) DO UPDATE SET last_seq = excluded.last_seq, updated_at = excluded.updated_at`),
 		consumerName, e.TenantID, e.AggregateType, e.AggregateID, e.AggregateSeq, now); err != nil {
 		return fmt.Errorf("inbox: cursor: %w", err)
 	}
 	if e.EventType == "order.paid" && !c.inlineEffect {
-		if _, err := ex.Exec(ctx, `INSERT INTO prove_ledger (idem_key, event_id, tenant_id, order_id, status, updated_at) VALUES ($1, $2, $3, $4, 'pending', $5) ON CONFLICT DO NOTHING`,
+		if _, err := ex.Exec(ctx, sqlFor(ex.Dialect(), `INSERT INTO prove_ledger (idem_key, event_id, tenant_id, order_id, status, updated_at) VALUES ($1, $2, $3, $4, 'pending', $5) ON CONFLICT DO NOTHING`),
 			key(id), id, e.TenantID, e.AggregateID, now); err != nil {
 			return fmt.Errorf("inbox: ledger: %w", err)
 		}
@@ -291,10 +291,10 @@ func (c *refInbox) park(ctx context.Context, ex driver.Executor, id, reason stri
 	if payload == nil {
 		payload = []byte{}
 	}
-	_, err := ex.Exec(ctx, `INSERT INTO prove_parked (consumer, event_id, reason, tenant_id, aggregate_type, aggregate_id, seq, event_type, principal, payload, attempts, first_seen, last_seen)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
-ON CONFLICT (consumer, event_id) DO UPDATE SET attempts = prove_parked.attempts + 1, last_seen = excluded.last_seen`,
-		consumerName, id, reason, e.TenantID, e.AggregateType, e.AggregateID, e.AggregateSeq, e.EventType, e.Headers.Principal, payload, attempts, now)
+	_, err := ex.Exec(ctx, sqlFor(ex.Dialect(), `INSERT INTO prove_parked (consumer, event_id, reason, tenant_id, aggregate_type, aggregate_id, seq, event_type, principal, payload, attempts, first_seen, last_seen)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+ON CONFLICT (consumer, event_id) DO UPDATE SET attempts = prove_parked.attempts + 1, last_seen = excluded.last_seen`),
+		consumerName, id, reason, e.TenantID, e.AggregateType, e.AggregateID, e.AggregateSeq, e.EventType, e.Headers.Principal, payload, attempts, now, now)
 	if err != nil {
 		return fmt.Errorf("inbox: park: %w", err)
 	}
@@ -308,7 +308,7 @@ ON CONFLICT (consumer, event_id) DO UPDATE SET attempts = prove_parked.attempts 
 func (c *refInbox) handleNonAtomic(ctx context.Context, d *broker.Delivery) error {
 	id := d.Event.ID.String()
 	exec := c.env.db.drv.Executor()
-	n, err := exec.Exec(ctx, `INSERT INTO prove_inbox (consumer, event_id, fingerprint, claimed_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
+	n, err := exec.Exec(ctx, sqlFor(exec.Dialect(), `INSERT INTO prove_inbox (consumer, event_id, fingerprint, claimed_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`),
 		consumerName, id, fingerprint(d), time.Now().UnixNano())
 	if err != nil {
 		return fmt.Errorf("inbox: claim: %w", err)

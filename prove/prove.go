@@ -40,6 +40,7 @@ type config struct {
 	producers   int
 	duration    time.Duration
 	postgresURL string
+	mysqlURL    string // MySQL/MariaDB (mysql.go)
 	brokerURL   string
 	scenarios   []string
 	progress    io.Writer
@@ -96,6 +97,21 @@ func WithDuration(d time.Duration) Option { return func(c *config) { c.duration 
 // WithPostgres runs against Postgres at url (each scenario in a fresh
 // schema, dropped afterwards) instead of SQLite in a temp dir.
 func WithPostgres(url string) Option { return func(c *config) { c.postgresURL = url } }
+
+// WithDatabaseURL runs against the database at url: postgres://… (each
+// scenario in a fresh schema) or mysql://user:pass@host:port/db (MySQL 8
+// or MariaDB 10.6+; each scenario in a fresh database, dropped
+// afterwards, so the user needs CREATE and DROP). Default: SQLite in a
+// temp dir.
+func WithDatabaseURL(url string) Option {
+	return func(c *config) {
+		if isMySQLURL(url) {
+			c.mysqlURL, c.postgresURL = url, ""
+		} else {
+			c.postgresURL, c.mysqlURL = url, ""
+		}
+	}
+}
 
 // WithBroker runs against a broker instead of the embedded NATS server:
 // nats://host:port (JetStream), kafka://kfake (franz-go's in-process
@@ -160,7 +176,7 @@ func (c *config) validate() error {
 		return bad("duration", fmt.Sprintf("must be at least 1s, got %s", c.duration))
 	}
 	if c.postgresURL != "" && !strings.HasPrefix(c.postgresURL, "postgres://") && !strings.HasPrefix(c.postgresURL, "postgresql://") {
-		return bad("postgres", "must be a postgres:// URL")
+		return bad("database-url", "must be a postgres:// or mysql:// URL")
 	}
 	if c.brokerURL != "" {
 		ok := false

@@ -79,7 +79,7 @@ func (e *env) runRealInbox(ctx context.Context, durable string, inlineEffect, un
 		return e.recordRealIntent(ctx, tx, ev)
 	}
 	authorize := func(ctx context.Context, tx *sql.Tx, ev ferry.Event) error {
-		rows, err := tx.QueryContext(ctx, `SELECT allowed FROM prove_policy WHERE principal = $1 AND action = '*'`, ev.Headers.Principal)
+		rows, err := tx.QueryContext(ctx, rawSQL(e.db.dialect, `SELECT allowed FROM prove_policy WHERE principal = $1 AND action = '*'`), ev.Headers.Principal)
 		if err != nil {
 			return fmt.Errorf("policy: %w", err)
 		}

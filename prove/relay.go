@@ -255,7 +255,7 @@ func (r *refRelay) mark(ctx context.Context, shard int, fence int64, rows []outb
 		return fmt.Errorf("relay: mark: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	n, err := tx.Exec(ctx, `UPDATE prove_lease SET fence = fence WHERE shard = $1 AND owner = $2 AND fence = $3`, shard, r.id, fence)
+	n, err := fenceCheck(ctx, tx, shard, r.id, fence)
 	if err != nil {
 		return fmt.Errorf("relay: mark fence: %w", err)
 	}

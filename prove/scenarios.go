@@ -210,8 +210,8 @@ func outageBit(f *Figures) []string {
 }
 
 func needsPostgresTCP(st *stack, _ *config) string {
-	if st.pgURL == "" {
-		return "needs Postgres (--postgres): SQLite is a file, there is no connection to cut"
+	if st.pgURL == "" && st.myURL == "" {
+		return "needs Postgres or MySQL (--database-url): SQLite is a file, there is no connection to cut"
 	}
 	return ""
 }

@@ -94,6 +94,8 @@ func createProveSchema(ctx context.Context, exec driver.Executor, shards int) er
 	switch exec.Dialect() {
 	case driver.Postgres:
 		ddl = strings.NewReplacer("{{AUTO}}", "BIGSERIAL PRIMARY KEY", "{{BLOB}}", "BYTEA").Replace(ddl)
+	case driver.MySQL:
+		ddl = mysqlDDL(ddl)
 	default:
 		ddl = strings.NewReplacer("{{AUTO}}", "INTEGER PRIMARY KEY AUTOINCREMENT", "{{BLOB}}", "BLOB").Replace(ddl)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	ferrymysql "github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/migrate"
@@ -29,6 +30,7 @@ import (
 // schema) and its own stream from it.
 type stack struct {
 	pgURL    string
+	myURL    string // MySQL/MariaDB server (mysql.go); pgURL is then empty
 	natsURL  string
 	embedded *natsembed.Server
 	kfake    *kfake.Cluster
@@ -40,7 +42,7 @@ type stack struct {
 }
 
 func openStack(ctx context.Context, cfg *config) (*stack, error) {
-	st := &stack{pgURL: cfg.postgresURL, broker: "nats"}
+	st := &stack{pgURL: cfg.postgresURL, myURL: cfg.mysqlURL, broker: "nats"}
 	tmp, err := os.MkdirTemp("", "ferry-prove-")
 	if err != nil {
 		return nil, fmt.Errorf("prove: temp dir: %w", err)
@@ -81,13 +83,22 @@ func openStack(ctx context.Context, cfg *config) (*stack, error) {
 			return nil, fmt.Errorf("prove: connect postgres: %w", err)
 		}
 	}
+	if st.myURL != "" {
+		if err := pingMySQL(ctx, st.myURL); err != nil {
+			st.close()
+			return nil, err
+		}
+	}
 	return st, nil
 }
 
 func (st *stack) describe() string {
 	db := "sqlite"
-	if st.pgURL != "" {
+	switch {
+	case st.pgURL != "":
 		db = "postgres"
+	case st.myURL != "":
+		db = "mysql"
 	}
 	b := st.broker
 	switch {
@@ -119,9 +130,9 @@ type database struct {
 	db       *sql.DB
 	drv      *databasesql.Driver
 	dialect  driver.Dialect
-	url      string // for subprocess workers: sqlite:PATH or the schema's postgres URL
-	schema   string // Postgres only
-	adminURL string // Postgres only: the URL without search_path
+	url      string // for subprocess workers: sqlite:PATH, the schema's postgres URL or the database's mysql URL
+	schema   string // Postgres: the schema; MySQL: the database
+	adminURL string // Postgres: the URL without search_path; MySQL: the server URL
 	drop     func()
 }
 
@@ -129,6 +140,9 @@ const proveShards = 8
 
 func (st *stack) newDatabase(ctx context.Context, name string) (*database, error) {
 	suffix := randHex(4)
+	if st.myURL != "" {
+		return st.newMySQLDatabase(ctx, name)
+	}
 	if st.pgURL == "" {
 		path := filepath.Join(st.tmp, name+"-"+suffix+".db")
 		db, err := sqlite.Open(path)
@@ -242,6 +256,17 @@ func (e *env) proxiedRelayDB() (*faultproxy.Proxy, func(), error) {
 	proxy, err := faultproxy.New(u.Host)
 	if err != nil {
 		return nil, nil, err
+	}
+	if e.db.dialect == driver.MySQL {
+		db, err := openMySQLProxied(e.db.url, proxy.Addr())
+		if err != nil {
+			_ = proxy.Close()
+			return nil, nil, fmt.Errorf("prove: open proxied mysql: %w", err)
+		}
+		db.SetMaxOpenConns(8)
+		db.SetConnMaxLifetime(2 * time.Second)
+		e.relayDB = ferrymysql.New(db)
+		return proxy, func() { _ = db.Close(); _ = proxy.Close() }, nil
 	}
 	u.Host = proxy.Addr()
 	q := u.Query()

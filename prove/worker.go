@@ -20,6 +20,7 @@ import (
 
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	ferrymysql "github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/sqlite"
 )
 
@@ -86,6 +87,9 @@ func RunWorker(ctx context.Context) error {
 	if path, ok := strings.CutPrefix(job.DatabaseURL, "sqlite:"); ok {
 		db, err = sqlite.Open(path)
 		dialect = driver.SQLite
+	} else if isMySQLURL(job.DatabaseURL) {
+		db, err = ferrymysql.Open(job.DatabaseURL)
+		dialect = driver.MySQL
 	} else {
 		db, err = sql.Open("pgx", job.DatabaseURL)
 		dialect = driver.Postgres

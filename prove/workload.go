@@ -257,7 +257,7 @@ func runTxOnce(ctx context.Context, db *database, ptx *plannedTx, write func(*sq
 	defer func() { _ = tx.Rollback() }()
 	events := make([]ferry.Event, len(ptx.events))
 	for i, ev := range ptx.events {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO prove_business (event_id, tx_id, tenant_id, order_id, kind) VALUES ($1, $2, $3, $4, $5)`,
+		if _, err := tx.ExecContext(ctx, rawSQL(db.dialect, `INSERT INTO prove_business (event_id, tx_id, tenant_id, order_id, kind) VALUES ($1, $2, $3, $4, $5)`),
 			ev.id, ptx.id, ev.tenant, ev.aggregate, ev.kind); err != nil {
 			return fmt.Errorf("business row: %w", err)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
+	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/inbox"
 	"github.com/ferryhq/ferry/migrate"
@@ -37,7 +39,7 @@ func newBenchConsumeCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "consume",
-		Short: "Consumer apply rate: NATS JetStream → inbox → Postgres, tx per message vs batch",
+		Short: "Consumer apply rate: NATS JetStream → inbox → Postgres or MySQL, tx per message vs batch",
 		Long: `Publishes --events events over --aggregates aggregates into a JetStream
 stream (an embedded server unless --nats-url is given), then runs an inbox
 consumer over them with a handler that writes one row, once per --batch
@@ -73,28 +75,58 @@ Kafka runs on kfake in this process, NATS embedded or the server at
 				return runRecovery(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), rc, asJSON)
 			}
 			if sf.url == "" {
-				return fmt.Errorf("no database: set --database-url or FERRY_DATABASE_URL (Postgres)")
+				return fmt.Errorf("no database: set --database-url or FERRY_DATABASE_URL (Postgres or MySQL)")
 			}
 			if events < 1 || aggregates < 1 || workers < 1 {
 				return fmt.Errorf("--events, --aggregates and --workers must be >= 1")
 			}
-			cfg, err := pgxpool.ParseConfig(sf.url)
-			if err != nil {
-				return fmt.Errorf("database-url: %w", err)
+			var run func(b int, url string) (float64, error)
+			if strings.HasPrefix(sf.url, "mysql://") {
+				drv, drop, err := benchMySQLScratch(ctx, sf.url, "ferry_bench_consume_"+benchRandHex(), workers+4)
+				if err != nil {
+					return err
+				}
+				defer drop()
+				if _, err := drv.Executor().Exec(ctx, `CREATE TABLE bench_consume_effects (
+				event_id char(36) PRIMARY KEY, aggregate_id varchar(200) NOT NULL, seq bigint NOT NULL)`); err != nil {
+					return err
+				}
+				handler := func(ctx context.Context, tx *sql.Tx, ev ferry.Event) error {
+					_, err := tx.ExecContext(ctx, `INSERT INTO bench_consume_effects (event_id, aggregate_id, seq) VALUES (?, ?, ?)`,
+						ev.ID.String(), ev.AggregateID, ev.AggregateSeq)
+					return err
+				}
+				run = func(b int, url string) (float64, error) {
+					return benchConsumeOnce(ctx, drv, handler, ferry.Tables{}, url, events, aggregates, workers, b)
+				}
 			}
-			cfg.MaxConns = int32(workers + 4)
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			drv := pgxv5.New(pool)
-			if _, err := migrate.Up(ctx, drv, sf.tables()); err != nil {
-				return err
-			}
-			if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_consume_effects (
+			if run == nil {
+				cfg, err := pgxpool.ParseConfig(sf.url)
+				if err != nil {
+					return fmt.Errorf("database-url: %w", err)
+				}
+				cfg.MaxConns = int32(workers + 4)
+				pool, err := pgxpool.NewWithConfig(ctx, cfg)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				drv := pgxv5.New(pool)
+				if _, err := migrate.Up(ctx, drv, sf.tables()); err != nil {
+					return err
+				}
+				if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_consume_effects (
 				event_id uuid PRIMARY KEY, aggregate_id text NOT NULL, seq bigint NOT NULL)`); err != nil {
-				return err
+					return err
+				}
+				handler := func(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
+					_, err := tx.Exec(ctx, `INSERT INTO bench_consume_effects (event_id, aggregate_id, seq) VALUES ($1, $2, $3)`,
+						ev.ID.String(), ev.AggregateID, ev.AggregateSeq)
+					return err
+				}
+				run = func(b int, url string) (float64, error) {
+					return benchConsumeOnce(ctx, drv, handler, sf.tables(), url, events, aggregates, workers, b)
+				}
 			}
 			url := natsURL
 			if url == "" {
@@ -113,7 +145,7 @@ Kafka runs on kfake in this process, NATS embedded or the server at
 			}
 			var out []row
 			for _, b := range batches {
-				secs, err := benchConsumeOnce(ctx, drv, sf.tables(), url, events, aggregates, workers, b)
+				secs, err := run(b, url)
 				if err != nil {
 					return err
 				}
@@ -156,7 +188,7 @@ Kafka runs on kfake in this process, NATS embedded or the server at
 
 // benchConsumeOnce publishes events into a fresh stream and times one
 // inbox consumer applying them all.
-func benchConsumeOnce(ctx context.Context, drv *pgxv5.Driver, tables ferry.Tables, url string, events, aggregates, workers, batch int) (float64, error) {
+func benchConsumeOnce[TTx any](ctx context.Context, drv driver.Driver[TTx], handler inbox.Handler[TTx], tables ferry.Tables, url string, events, aggregates, workers, batch int) (float64, error) {
 	run := fmt.Sprintf("b%d", time.Now().UnixNano())
 	nc, err := natsjs.Connect(url)
 	if err != nil {
@@ -192,12 +224,7 @@ func benchConsumeOnce(ctx context.Context, drv *pgxv5.Driver, tables ferry.Table
 			evs = evs[:0]
 		}
 	}
-	handler := func(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
-		_, err := tx.Exec(ctx, `INSERT INTO bench_consume_effects (event_id, aggregate_id, seq) VALUES ($1, $2, $3)`,
-			ev.ID.String(), ev.AggregateID, ev.AggregateSeq)
-		return err
-	}
-	ib, err := inbox.New[pgx.Tx](drv, "bench-"+run, handler, inbox.WithTables(tables),
+	ib, err := inbox.New[TTx](drv, "bench-"+run, handler, inbox.WithTables(tables),
 		inbox.WithWorkers(workers), inbox.WithBatch(batch, 2*time.Millisecond), inbox.WithQueue(256),
 		inbox.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {

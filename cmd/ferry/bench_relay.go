@@ -23,6 +23,7 @@ import (
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/kafka"
 	"github.com/ferryhq/ferry/broker/natsjs"
+	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
@@ -66,7 +67,7 @@ high-water mark, producer included: an upper bound for the relay's.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.dbURL, "database-url", "", "Postgres URL (a scratch schema is created in it)")
+	fl.StringVar(&f.dbURL, "database-url", "", "postgres://… (a scratch schema is created in it) or mysql://… (a scratch database is created on the server: needs CREATE and DROP)")
 	fl.StringVar(&f.brokerURL, "broker-url", "nats://127.0.0.1:4222", "nats://… or kfake")
 	fl.IntVar(&f.events, "events", 50000, "events to pre-fill for the drain measurement")
 	fl.IntVar(&f.rate, "rate", 1000, "events per second for the latency measurement")
@@ -79,8 +80,9 @@ high-water mark, producer included: an upper bound for the relay's.`,
 }
 
 func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error {
-	if !strings.HasPrefix(f.dbURL, "postgres") {
-		return errors.New("--database-url must be a postgres:// URL")
+	mysqlDB := strings.HasPrefix(f.dbURL, "mysql://")
+	if !strings.HasPrefix(f.dbURL, "postgres") && !mysqlDB {
+		return errors.New("--database-url must be a postgres:// or mysql:// URL")
 	}
 	if f.events < 1 || f.rate < 1 || f.latencyN < 1 || f.aggs < 1 || f.payload < 0 {
 		return errors.New("--events, --rate, --latency-events, --aggregates must be >= 1")
@@ -97,6 +99,10 @@ func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error
 	}
 	fmt.Fprintf(out, "drain     %8d events in %-8s %8.0f events/s\n", f.events, drain.elapsed.Round(time.Millisecond), float64(f.events)/drain.elapsed.Seconds())
 	for _, notify := range []bool{true, false} {
+		if notify && mysqlDB {
+			fmt.Fprintf(out, "latency   NOTIFY       n/a: MySQL has no LISTEN/NOTIFY, the relay polls\n")
+			continue
+		}
 		res, err := benchRelayRun(ctx, f, "latency", notify)
 		if err != nil {
 			return err
@@ -126,9 +132,18 @@ func (r benchResult) q(p float64) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// benchRelayRun runs one measurement in a fresh schema and destination.
+// benchRelayRun runs one measurement in a fresh schema (MySQL: database)
+// and destination.
 func benchRelayRun(ctx context.Context, f *benchRelayFlags, kind string, notify bool) (benchResult, error) {
 	suffix := benchRandHex()
+	if strings.HasPrefix(f.dbURL, "mysql://") {
+		drv, drop, err := benchMySQLScratch(ctx, f.dbURL, "ferry_bench_"+suffix, f.workers+4)
+		if err != nil {
+			return benchResult{}, err
+		}
+		defer drop()
+		return benchRelayMeasure(ctx, f, kind, suffix, drv, drv, nil)
+	}
 	schema := "ferry_bench_" + suffix
 	admin, err := pgxpool.New(ctx, f.dbURL)
 	if err != nil {
@@ -155,7 +170,17 @@ func benchRelayRun(ctx context.Context, f *benchRelayFlags, kind string, notify 
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		return benchResult{}, err
 	}
+	var listen *pgxpool.Pool
+	if notify {
+		listen = pool
+	}
+	return benchRelayMeasure(ctx, f, kind, suffix, drv, drv, listen)
+}
 
+// benchRelayMeasure runs one measurement on a migrated store; listen is
+// the pool the relay LISTENs on (nil: poll).
+func benchRelayMeasure[TTx any](ctx context.Context, f *benchRelayFlags, kind, suffix string, drv driver.Driver[TTx], rdb relay.DB, listen *pgxpool.Pool) (benchResult, error) {
+	notify := listen != nil
 	prefix := "ferrybench" + suffix
 	pub, cleanup, err := benchPublisher(ctx, f.brokerURL, prefix)
 	if err != nil {
@@ -167,7 +192,7 @@ func benchRelayRun(ctx context.Context, f *benchRelayFlags, kind string, notify 
 	ropts := []relay.Option{relay.WithWorkers(f.workers), relay.WithBatchSize(f.batch)}
 	if notify {
 		wopts = append(wopts, outbox.WithNotify("ferry_bench_"+suffix))
-		ropts = append(ropts, relay.WithListener(pool, "ferry_bench_"+suffix))
+		ropts = append(ropts, relay.WithListener(listen, "ferry_bench_"+suffix))
 	}
 	w, err := outbox.New(drv, wopts...)
 	if err != nil {
@@ -207,7 +232,7 @@ func benchRelayRun(ctx context.Context, f *benchRelayFlags, kind string, notify 
 		}
 	}
 
-	r, err := relay.New(drv, pub, ropts...)
+	r, err := relay.New(rdb, pub, ropts...)
 	if err != nil {
 		return benchResult{}, err
 	}

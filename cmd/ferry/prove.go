@@ -72,10 +72,10 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 			if postgres != "" {
 				if d, _, err := parseDatabaseURL(postgres); err != nil {
 					return err
-				} else if d != driver.Postgres {
-					return fmt.Errorf("--database-url: prove runs on a fresh SQLite file of its own by default; it takes only postgres:// URLs, got %q", redactURL(postgres))
+				} else if (d != driver.Postgres && d != driver.MySQL) || (d == driver.MySQL && !strings.HasPrefix(postgres, "mysql://")) {
+					return fmt.Errorf("--database-url: prove runs on a fresh SQLite file of its own by default; it takes only postgres:// or mysql://user:pass@host:port/db URLs, got %q", redactURL(postgres))
 				}
-				opts = append(opts, prove.WithPostgres(postgres))
+				opts = append(opts, prove.WithDatabaseURL(postgres))
 			}
 			if brokerURL != "" {
 				opts = append(opts, prove.WithBroker(brokerURL))
@@ -111,7 +111,7 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 	f.IntVar(&tenants, "tenants", 3, "tenants (sharing aggregate ids)")
 	f.IntVar(&producers, "producers", 4, "concurrent producers")
 	f.DurationVar(&duration, "duration", 60*time.Second, "longest a scenario may take to settle")
-	f.StringVar(&postgres, "database-url", "", "Postgres URL, postgres://… (default: SQLite in a temp dir); each scenario uses a fresh schema and touches nothing else")
+	f.StringVar(&postgres, "database-url", "", "postgres://… or mysql://user:pass@host:port/db (default: SQLite in a temp dir); each scenario uses a fresh schema (MySQL: a fresh database, so the user needs CREATE and DROP) and touches nothing else")
 	f.StringVar(&postgres, "postgres", "", "old name of --database-url")
 	_ = f.MarkDeprecated("postgres", "use --database-url")
 	f.StringVar(&brokerURL, "broker", "", "broker: nats://host:port, kafka://kfake, kafka://host:port[,…], amqp://user:pass@host:port/ (default: embedded NATS)")

@@ -110,6 +110,7 @@ the leases and exits 0.`,
   ferry relay --database-url postgres://… --broker-url kafka://127.0.0.1:9092 --topics order.events
   ferry relay --database-url postgres://… --broker-url amqp://guest:guest@127.0.0.1:5672/ --exchange ferry --queue orders
   ferry relay --database-url sqlite:app.db --broker-url embedded --subjects order.events --provision
+  ferry relay --database-url mysql://app:secret@127.0.0.1:3306/app --broker-url nats://127.0.0.1:4222 --subjects order.events
   # log-based relay (Postgres logical replication)
   ferry relay --mode cdc --database-url postgres://… --broker-url kafka://127.0.0.1:9092 --topics order.events`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -138,7 +139,7 @@ the leases and exits 0.`,
 	fl.BoolVar(&f.provision, "provision", false, "create the destination (stream/topics) if missing instead of refusing to start")
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:9464", `address for /metrics, /healthz, /readyz (loopback by default; ":9464" for every interface; "" disables)`)
 	fl.StringVar(&f.instanceID, "instance-id", "", "this relay's id in the lease table (default hostname-pid-random)")
-	fl.StringVar(&f.notifyChannel, "notify-channel", "ferry_outbox", `Postgres LISTEN channel (writers use outbox.WithNotify); "" disables`)
+	fl.StringVar(&f.notifyChannel, "notify-channel", "ferry_outbox", `Postgres LISTEN channel (writers use outbox.WithNotify); "" disables; SQLite and MySQL have no NOTIFY: the relay polls`)
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.stream, "stream", "FERRY", "NATS: JetStream stream name")
 	fl.StringVar(&f.subjects, "subjects", "", `NATS: comma-separated subjects the stream captures, covering every event topic, e.g. "order.events,payment.events" (required)`)

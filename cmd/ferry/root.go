@@ -15,7 +15,8 @@ func newRootCmd() *cobra.Command {
 		Long: `Ferry publishes committed outbox events to a broker at least once, in
 per-aggregate order, and gives operators the tools to see and prove it.
 
-Database URLs: postgres://… for Postgres, sqlite:PATH (or a path ending in
+Database URLs: postgres://… for Postgres, mysql://user:pass@host:port/db for
+MySQL 8 / MariaDB 10.6+ (docs/MYSQL.md), sqlite:PATH (or a path ending in
 .db, .sqlite or .sqlite3) for SQLite; only ferry migrate up creates a SQLite
 file. Every flag can also be set as FERRY_<FLAG> in the environment, e.g.
 FERRY_DATABASE_URL; a value the flag refuses is an error.`,
