@@ -23,7 +23,11 @@ func printPage[T any](w io.Writer, asJSON bool, p ops.Page[T], noun string, prin
 		}
 		return printJSON(w, p)
 	}
-	fmt.Fprintf(w, "%d %s (total %d)\n", len(p.Rows), noun, p.Total)
+	total := fmt.Sprint(p.Total)
+	if p.TotalCapped {
+		total += "+" // counted up to ops.CountCap
+	}
+	fmt.Fprintf(w, "%d %s (total %s)\n", len(p.Rows), noun, total)
 	if len(p.Rows) > 0 {
 		printRows(w, p.Rows)
 	}
