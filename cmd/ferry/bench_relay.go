@@ -51,6 +51,9 @@ func newBenchRelayCmd() *cobra.Command {
 
   drain    pre-fills --events events and measures how fast one relay with
            default settings publishes them (events/s);
+  broker   the broker's own limit in the same run: a plain async publisher
+           of the same number and size of messages (no database), and the
+           ratio drain / broker;
   latency  writes --latency-events events at --rate per second, once with the
            producer's NOTIFY + the relay's LISTEN and once polling at the
            default interval, and reports commit→broker-ack p50/p99.
@@ -98,6 +101,14 @@ func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error
 		return err
 	}
 	fmt.Fprintf(out, "drain     %8d events in %-8s %8.0f events/s\n", f.events, drain.elapsed.Round(time.Millisecond), float64(f.events)/drain.elapsed.Seconds())
+	// The broker's own limit, measured now on the same machine state.
+	ref, err := benchBrokerReference(ctx, f.brokerURL, f.events, f.payload, f.aggs)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "broker    %8d events in %-8s %8.0f events/s (plain async publisher, same payloads, no database)\n",
+		f.events, ref.Round(time.Millisecond), float64(f.events)/ref.Seconds())
+	fmt.Fprintf(out, "ratio     drain / broker = %.2f\n", ref.Seconds()/drain.elapsed.Seconds())
 	for _, notify := range []bool{true, false} {
 		if notify && mysqlDB {
 			fmt.Fprintf(out, "latency   NOTIFY       n/a: MySQL has no LISTEN/NOTIFY, the relay polls\n")
