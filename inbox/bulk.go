@@ -92,6 +92,12 @@ func (ib *Inbox[TTx]) bulkPass(ctx context.Context, txv TTx, tx driver.Tx, msgs 
 			}
 			continue
 		}
+		if err := ib.contractErr(m.ev); err != nil {
+			if err := ib.parkLive(ctx, tx, m, ReasonSchema, err.Error(), nil); err != nil {
+				return err
+			}
+			continue
+		}
 		live = append(live, m)
 		tenants, eventIDs = append(tenants, m.ev.TenantID), append(eventIDs, m.ev.ID.String())
 		aTenants, aTypes, aIDs = append(aTenants, m.ev.TenantID), append(aTypes, m.ev.AggregateType), append(aIDs, m.ev.AggregateID)

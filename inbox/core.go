@@ -289,6 +289,9 @@ func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m 
 	if ib.cfg.schemas != nil && !ib.cfg.schemas[SchemaKey{ev.EventType, ev.SchemaVersion}] {
 		return stepResult{kind: stepSchema, err: fmt.Errorf("event type %q schema version %d is not supported by this consumer", sanitize.Text(ev.EventType, 128), ev.SchemaVersion)}, nil
 	}
+	if err := ib.contractErr(ev); err != nil {
+		return stepResult{kind: stepSchema, err: err}, nil
+	}
 	c, err := ib.claim(ctx, exec, m, ib.cfg.now().UTC())
 	if err != nil {
 		return stepResult{}, err

@@ -70,6 +70,7 @@ type Faults struct {
 type config struct {
 	tables        ferry.Tables
 	schemas       map[SchemaKey]bool
+	contracts     ContractValidator
 	authorize     any // an Authorizer[TTx]; New checks its type
 	ordering      bool
 	start         StartPolicy

@@ -58,6 +58,8 @@ type config struct {
 	now     func() time.Time
 	admit   func(ctx context.Context) error
 	noTrace bool
+	// contracts, when set, validates each payload before anything is written.
+	contracts ContractValidator
 }
 
 // Option configures a Writer.
@@ -101,6 +103,31 @@ func WithoutTraceCapture() Option { return func(c *config) { c.noTrace = true } 
 
 // WithClock overrides time.Now (tests).
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// ContractValidator checks a payload against the contract of its event type
+// and schema version; *contract.Set implements it. An error must name where
+// the payload breaks the contract and which rule, without payload values.
+type ContractValidator interface {
+	Validate(eventType string, schemaVersion int, payload []byte) error
+}
+
+// WithContracts makes InsertTx refuse an event whose payload does not match
+// its contract (see package contract: contracts/<event_type>/v<N>.json):
+// the call fails before anything is written with an error that is
+// ferry.ErrInvalidEvent (a *ferry.ValidationError for field payload) and
+// also unwraps to the validator's own error (*contract.Violation: JSON path
+// and rule). Event types without a contract pass. Off by default.
+func WithContracts(v ContractValidator) Option { return func(c *config) { c.contracts = v } }
+
+// contractError is a *ferry.ValidationError that also unwraps to the
+// contract's own error.
+type contractError struct {
+	ve    *ferry.ValidationError
+	cause error
+}
+
+func (e *contractError) Error() string   { return e.ve.Error() }
+func (e *contractError) Unwrap() []error { return []error{e.ve, e.cause} }
 
 // New returns a Writer over drv. It validates the configuration and renders
 // its SQL once.
@@ -227,6 +254,11 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 		}
 		if err := w.cfg.limits.Validate(i, &e); err != nil {
 			return nil, err
+		}
+		if w.cfg.contracts != nil {
+			if err := w.cfg.contracts.Validate(e.EventType, e.SchemaVersion, e.Payload); err != nil {
+				return nil, &contractError{ve: &ferry.ValidationError{Index: i, Field: "payload", Reason: err.Error()}, cause: err}
+			}
 		}
 		if e.ID != uuid.Nil {
 			if given == nil {
