@@ -206,9 +206,12 @@ func (s *Server) apiRoutes() []route {
 		{method: "POST", path: "/api/v1/dead/discard", summary: "Discard dead letters (preview, or approve with a reason)", role: operator, action: true, body: ActionRequest[OutboxFilter]{}, resp: ops.Result{}, handler: outboxAction(s, s.o.DiscardDead)},
 		{method: "GET", path: "/api/v1/parked", summary: "List parked messages", role: viewer, query: ParkedQuery{}, resp: ops.Page[ops.ParkedMessage]{}, handler: http.HandlerFunc(s.parked)},
 		{method: "GET", path: "/api/v1/parked/{id}", summary: "One parked message (no payload)", role: viewer, resp: ops.ParkedMessage{}, handler: http.HandlerFunc(s.parkedOne)},
+		{method: "POST", path: "/api/v1/parked/{id}/reveal", summary: "Reveal one parked message's payload (operator; audited as parked.reveal_payload)", role: operator, action: true, body: RevealRequest{}, resp: RevealResponse{}, handler: http.HandlerFunc(s.revealParked)},
 		{method: "POST", path: "/api/v1/parked/replay", summary: "Request replay of parked messages (preview, or approve with a reason)", role: operator, action: true, body: ActionRequest[ParkedFilter]{}, resp: ops.ParkedResult{}, handler: parkedAction(s, s.o.RequestReplay)},
 		{method: "POST", path: "/api/v1/parked/release-gap", summary: "Release gap-parked messages (preview, or approve with a reason)", role: operator, action: true, body: ActionRequest[ParkedFilter]{}, resp: ops.ParkedResult{}, handler: parkedAction(s, s.o.RequestReleaseGap)},
 		{method: "GET", path: "/api/v1/effects/failed", summary: "List failed effect intents", role: viewer, query: EffectQuery{}, resp: ops.Page[ops.FailedEffect]{}, handler: http.HandlerFunc(s.effects)},
+		{method: "GET", path: "/api/v1/effects/{id}", summary: "One effect intent in any state: attempts, last error, receipt (no request body)", role: viewer, resp: ops.EffectIntent{}, handler: http.HandlerFunc(s.effectOne)},
+		{method: "POST", path: "/api/v1/effects/{id}/reveal", summary: "Reveal one effect intent's request body (operator; audited as effects.reveal_request)", role: operator, action: true, body: RevealRequest{}, resp: RevealResponse{}, handler: http.HandlerFunc(s.revealEffect)},
 		{method: "POST", path: "/api/v1/effects/requeue", summary: "Requeue failed effect intents (preview, or approve with a reason)", role: operator, action: true, body: ActionRequest[EffectFilter]{}, resp: ops.EffectResult{}, handler: effectAction(s, s.o.RequeueFailedEffects)},
 		{method: "POST", path: "/api/v1/cleanup/preview", summary: "Preview a cleanup: what ferry cleanup would delete (never deletes)", role: viewer, body: CleanupRequest{}, resp: ops.CleanupResult{}, handler: http.HandlerFunc(s.cleanupPreview)},
 		{method: "GET", path: "/api/v1/evidence", summary: "Evidence of an event id, correlation id or command key, from the tables alone", role: viewer, query: EvidenceQuery{}, resp: EvidenceResponse{}, handler: http.HandlerFunc(s.evidence)},
@@ -284,11 +287,67 @@ func (s *Server) reveal(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	writeRevealed(w, p)
+}
+
+func writeRevealed(w http.ResponseWriter, p ops.RevealedPayload) {
 	resp := RevealResponse{EventID: p.EventID, ContentType: p.ContentType, PayloadBase64: p.Payload, AuditID: p.AuditID}
 	if utf8.Valid(p.Payload) {
 		resp.PayloadText = string(p.Payload)
 	}
 	writeJSON(w, resp)
+}
+
+// pathID reads the {id} path parameter, a row id.
+func pathID(r *http.Request, what string) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, &fieldError{"id", "not " + what + " id"}
+	}
+	return id, nil
+}
+
+// revealRow reveals the payload of one row by id (parked message, effect
+// intent): an audited action whose actor is the authenticated identity.
+func (s *Server) revealRow(w http.ResponseWriter, r *http.Request, what string, fn func(context.Context, int64, ops.Approval) (ops.RevealedPayload, error)) {
+	id, err := pathID(r, what)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var req RevealRequest
+	if err := decodeBody(r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	p, err := fn(r.Context(), id, ops.Approval{Approve: true, Actor: identity(r).Name, Reason: req.Reason})
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeRevealed(w, p)
+}
+
+func (s *Server) revealParked(w http.ResponseWriter, r *http.Request) {
+	s.revealRow(w, r, "a parked message", s.o.RevealParkedPayload)
+}
+
+func (s *Server) revealEffect(w http.ResponseWriter, r *http.Request) {
+	s.revealRow(w, r, "an effect intent", s.o.RevealEffectRequest)
+}
+
+func (s *Server) effectOne(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r, "an effect intent")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	e, err := s.o.Effect(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, e)
 }
 
 func (s *Server) dead(w http.ResponseWriter, r *http.Request) {
@@ -332,9 +391,9 @@ func (s *Server) parked(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) parkedOne(w http.ResponseWriter, r *http.Request) {
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	id, err := pathID(r, "a parked message")
 	if err != nil {
-		s.writeError(w, r, &fieldError{"id", "not a parked message id"})
+		s.writeError(w, r, err)
 		return
 	}
 	m, err := s.o.Parked(r.Context(), id)

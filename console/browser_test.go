@@ -215,6 +215,10 @@ func TestBrowserConsole(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
+	// A poison-parked message and a failed effect intent, their error
+	// texts and payloads full of markup.
+	parkedID, effectID := seedDetailRows(t, e, applied[0])
+
 	base := e.srv.URL
 	bctx := browser(t)
 
@@ -297,6 +301,46 @@ func TestBrowserConsole(t *testing.T) {
 		screenshot(t, bctx, p)
 	}
 
+	// Detail views: from the parked list to the parked message (its error
+	// as text, payload hidden until an audited reveal), and an effect
+	// intent with its attempts and receipt.
+	noMarkup := `document.querySelectorAll('main img, main script, main b').length + (window.__xss === undefined ? 0 : 100)`
+	do(t, bctx, chromedp.Navigate(base+"/parked?consumer=billing"))
+	waitJS(t, bctx, "parked list links the row", fmt.Sprintf(`document.querySelector('a[href="/parked-message?id=%d"]') !== null`, parkedID))
+	// Follow the row's link (navigating, not clicking: a click's page
+	// change races the next poll's execution context).
+	do(t, bctx, chromedp.Navigate(base+evalJS[string](t, bctx, fmt.Sprintf(`document.querySelector('a[href="/parked-message?id=%d"]').getAttribute('href')`, parkedID))))
+	waitJS(t, bctx, "parked detail", `(document.querySelector('#f-last_error')||{}).textContent === 'handler panicked: <img src=x onerror="window.__xss=1">'`+
+		` && `+bodyHas("Hidden (")+` && `+bodyHas("Evidence for this event"))
+	if evalJS[bool](t, bctx, bodyHas("window.__xss=2")) {
+		t.Fatal("parked payload shown before reveal")
+	}
+	do(t, bctx, chromedp.SendKeys(chromedp.CSS("#reveal-reason"), "why did billing park it (INC-43)"), chromedp.Click(chromedp.CSS("#reveal-btn")))
+	waitJS(t, bctx, "parked payload revealed as text", `(document.querySelector('#payload-text')||{}).textContent === '{"note":"<script>window.__xss=2</script>"}'`)
+	if n := evalJS[int](t, bctx, noMarkup); n != 0 {
+		t.Fatalf("parked detail markup became elements or ran: %d", n)
+	}
+	screenshot(t, bctx, "parked-message")
+	do(t, bctx, chromedp.Navigate(base+"/effects"))
+	waitJS(t, bctx, "effects list links the row", fmt.Sprintf(`document.querySelector('a[href="/effect?id=%d"]') !== null`, effectID))
+	// Follow the row's link (navigating, not clicking: a click's page
+	// change races the next poll's execution context).
+	do(t, bctx, chromedp.Navigate(base+evalJS[string](t, bctx, fmt.Sprintf(`document.querySelector('a[href="/effect?id=%d"]').getAttribute('href')`, effectID))))
+	waitJS(t, bctx, "effect detail", `(document.querySelector('#f-last_error')||{}).textContent === 'psp said <b onmouseover="window.__xss=4">no</b>'`+
+		` && document.querySelector('#f-operation_id').textContent === 'op-77' && document.querySelector('#f-attempts').textContent === '4'`+
+		` && document.querySelector('#f-state').textContent === 'failed' && `+bodyHas("Hidden ("))
+	do(t, bctx, chromedp.SendKeys(chromedp.CSS("#reveal-reason"), "what did we ask the PSP (INC-43)"), chromedp.Click(chromedp.CSS("#reveal-btn")))
+	waitJS(t, bctx, "effect request revealed as text", `(document.querySelector('#payload-text')||{}).textContent === '{"amount":100,"memo":"<script>window.__xss=3</script>"}'`)
+	if n := evalJS[int](t, bctx, noMarkup); n != 0 {
+		t.Fatalf("effect detail markup became elements or ran: %d", n)
+	}
+	screenshot(t, bctx, "effect")
+	for action, reason := range map[string]string{"parked.reveal_payload": "why did billing park it (INC-43)", "effects.reveal_request": "what did we ask the PSP (INC-43)"} {
+		if n := count(t, e, `SELECT count(*) FROM ferry_ops_audit WHERE action = $1 AND actor = 'olivia' AND reason = $2`, action, reason); n != 1 {
+			t.Fatalf("%s audit rows %d", action, n)
+		}
+	}
+
 	// A viewer (own tab, own sessionStorage) sees no action buttons, and a
 	// POST forged with the viewer's token is refused.
 	vctx, cancelV := chromedp.NewContext(bctx)
@@ -310,6 +354,16 @@ func TestBrowserConsole(t *testing.T) {
 	waitJS(t, vctx, "viewer message", bodyHas("Hidden ("))
 	if n := evalJS[int](t, vctx, `document.querySelectorAll('#reveal-btn').length`); n != 0 {
 		t.Fatal("viewer sees the reveal button")
+	}
+	for _, p := range []string{fmt.Sprintf("/parked-message?id=%d", parkedID), fmt.Sprintf("/effect?id=%d", effectID)} {
+		do(t, vctx, chromedp.Navigate(base+p))
+		waitJS(t, vctx, "viewer detail "+p, bodyHas("Hidden (")+` && document.querySelector('#f-last_error') !== null`)
+		if n := evalJS[int](t, vctx, `document.querySelectorAll('#reveal-btn, #reveal-reason, #actions, #preview-btn, #approve-btn').length`); n != 0 {
+			t.Fatalf("viewer sees %d action controls on %s", n, p)
+		}
+		if n := evalJS[int](t, vctx, noMarkup); n != 0 {
+			t.Fatalf("viewer detail %s: markup became elements or ran: %d", p, n)
+		}
 	}
 	status := evalJS[int](t, vctx, fmt.Sprintf(`fetch('/api/v1/dead/retry', {method: 'POST', headers: {'Authorization': 'Bearer %s', 'Content-Type': 'application/json'},
 		body: JSON.stringify({filter: {all: true}, approve: true, reason: 'forged'})}).then(r => r.status)`, viewerToken))
@@ -330,8 +384,8 @@ func TestBrowserConsole(t *testing.T) {
 	if n := count(t, e, `SELECT count(*) FROM ferry_outbox WHERE event_id = $1 AND status = 'dead'`, xssEv.ID.String()); n != 1 {
 		t.Fatal("a refused request changed the dead letter")
 	}
-	if n := count(t, e, `SELECT count(*) FROM ferry_ops_audit`); n != 2 {
-		t.Fatalf("audit rows %d, want 2 (the retry and the reveal)", n)
+	if n := count(t, e, `SELECT count(*) FROM ferry_ops_audit`); n != 4 {
+		t.Fatalf("audit rows %d, want 4 (the retry and the three reveals)", n)
 	}
 	if strings.Contains(snapshot(t, e, "ferry_ops_audit"), "forged") {
 		t.Fatal("a forged request was audited as an action")

@@ -163,7 +163,7 @@ func New(o *ops.Ops, cfg Config) (*Server, error) {
 
 // Pages are the console's page paths; each serves the single-page app,
 // which reads the path and query (so /evidence?q=<id> is a stable link).
-var Pages = []string{"/", "/outbox", "/message", "/dead", "/parked", "/effects", "/evidence", "/audit", "/cleanup"}
+var Pages = []string{"/", "/outbox", "/message", "/dead", "/parked", "/parked-message", "/effects", "/effect", "/evidence", "/audit", "/cleanup"}
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }

@@ -247,18 +247,56 @@ async function message(main) {
     main.append(el("p", {}, link("/evidence", { q: m.event_id }, "Evidence for this event"), " · ",
       link("/outbox", { aggregate_type: m.aggregate_type, aggregate_id: m.aggregate_id, tenant_id: m.tenant_id }, "its aggregate in sequence order")));
     main.append(table(["field", "value"], Object.entries(m).map(([k, v]) => [k, typeof v === "object" && v !== null ? JSON.stringify(v) : String(v)])));
-    const pay = el("div", { class: "panel", id: "payload" }, el("h2", {}, "Payload"), el("p", { class: "note" }, "Hidden (" + m.payload_bytes + " bytes). Payloads may hold personal data."));
-    if (me && me.can_act) {
-      const reason = el("input", { id: "reveal-reason", size: 50, placeholder: "why (recorded in the audit log)" });
-      pay.append(el("label", {}, "Reason ", reason), " ", el("button", { type: "button", id: "reveal-btn", onclick: async () => {
-        try {
-          const r = await api("/api/v1/outbox/" + encodeURIComponent(id) + "/reveal", { method: "POST", body: { reason: reason.value } });
-          pay.append(el("p", { class: "note" }, "Revealed (" + r.content_type + "), audit #" + r.audit_id + ":"), el("pre", { id: "payload-text" }, r.payload_text || "(binary; base64) " + r.payload_base64));
-        } catch (e) { pay.append(errorBox(e)); }
-      } }, "Reveal payload"));
-    }
-    main.append(pay);
+    main.append(payloadPanel("Payload", m.payload_bytes, "/api/v1/outbox/" + encodeURIComponent(id) + "/reveal"));
   } catch (e) { main.append(errorBox(e)); }
+}
+
+// payloadPanel: hidden by default; an operator reveals it with a reason,
+// itself an audited action (revealPath answers {payload_text, audit_id}).
+function payloadPanel(what, bytes, revealPath) {
+  const pay = el("div", { class: "panel", id: "payload" }, el("h2", {}, what), el("p", { class: "note" }, "Hidden (" + bytes + " bytes). Payloads may hold personal data."));
+  if (me && me.can_act) {
+    const reason = el("input", { id: "reveal-reason", size: 50, placeholder: "why (recorded in the audit log)" });
+    pay.append(el("label", {}, "Reason ", reason), " ", el("button", { type: "button", id: "reveal-btn", onclick: async () => {
+      try {
+        const r = await api(revealPath, { method: "POST", body: { reason: reason.value } });
+        pay.append(el("p", { class: "note" }, "Revealed (" + (r.content_type || "no content type") + "), audit #" + r.audit_id + ":"), el("pre", { id: "payload-text" }, r.payload_text || "(binary; base64) " + r.payload_base64));
+      } catch (e) { pay.append(errorBox(e)); }
+    } }, "Reveal " + what.toLowerCase()));
+  }
+  return pay;
+}
+
+function fieldTable(m, skip) {
+  return table(["field", "value"], Object.entries(m).filter(([k]) => !(skip || []).includes(k)).map(([k, v]) =>
+    [k, el("td", { class: k === "last_error" ? "err" : undefined, id: "f-" + k }, typeof v === "object" && v !== null ? JSON.stringify(v) : String(v))]));
+}
+
+// detailPage: one row of path/{id}: its fields (the last error as text),
+// links, and its hidden payload.
+async function detailPage(main, title, path, links, payload) {
+  const id = query().get("id") || "";
+  main.append(el("h1", {}, title + " ", el("code", {}, id)));
+  try {
+    const m = await api(path + "/" + encodeURIComponent(id));
+    main.append(el("p", { id: "detail-links" }, ...links(m).flatMap((l, i) => i ? [" · ", l] : [l])));
+    main.append(fieldTable(m));
+    main.append(payloadPanel(payload[0], m[payload[1]], path + "/" + encodeURIComponent(id) + "/reveal"));
+  } catch (e) { main.append(errorBox(e)); }
+}
+
+function parkedMessage(main) {
+  detailPage(main, "Parked message", "/api/v1/parked", m => [
+    m.event_id ? link("/evidence", { q: m.event_id }, "Evidence for this event") : "no event id (undecodable)",
+    link("/parked", { consumer: m.consumer, aggregate_type: m.aggregate_type, aggregate_id: m.aggregate_id, include_resolved: "true" }, "parked messages of its aggregate"),
+  ], ["Payload", "payload_bytes"]);
+}
+
+function effect(main) {
+  detailPage(main, "Effect intent", "/api/v1/effects", m => [
+    link("/evidence", { q: m.event_id }, "Evidence for its event"),
+    m.state === "failed" ? link("/effects", { keys: m.idem_key }, "requeue it from the failed list") : "state " + m.state,
+  ], ["Request", "request_bytes"]);
 }
 
 function listPage(main, title, path, fields, cols, actions, toFilter) {
@@ -269,7 +307,7 @@ function listPage(main, title, path, fields, cols, actions, toFilter) {
   if (actions) main.append(actionPanel(actions, () => toFilter(formParams(form)), cols.slice(0, 6)));
   function run(p) { p = new URLSearchParams(p); if (!p.get("limit")) p.set("limit", "50");
     pager(res, path, p, rows => table(cols.map(c => c[0]), rows.map(r => cols.map(c => c[1](r)))),
-      pg => pg.total + " matching in total; showing " + pg.rows.length + " (in id order)"); }
+      pg => (pg.total_capped ? pg.total.toLocaleString("en") + "+" : pg.total) + " matching in total; showing " + pg.rows.length + " (in id order)"); }
   run(query());
 }
 
@@ -292,7 +330,7 @@ function dead(main) {
     p => listFilter(p, ["event_ids"]));
 }
 
-const parkedCols = [["id", m => m.id], ["consumer", m => m.consumer], ["reason", m => badge(m.reason)], ["event", m => m.event_id ? link("/evidence", { q: m.event_id }, m.event_id) : ""],
+const parkedCols = [["id", m => link("/parked-message", { id: m.id }, String(m.id))], ["consumer", m => m.consumer], ["reason", m => badge(m.reason)], ["event", m => m.event_id ? link("/evidence", { q: m.event_id }, m.event_id) : ""],
   ["aggregate", m => m.aggregate_type + "/" + m.aggregate_id + " #" + m.aggregate_seq], ["type", m => m.event_type], ["attempts", m => m.attempts],
   ["first seen", m => fmtTime(m.first_seen)], ["state", m => m.resolved_at ? "resolved " + m.resolution : (m.replay_request ? "requested " + m.replay_request : "open")],
   ["last error", m => el("td", { class: "err" }, m.last_error || "")]];
@@ -305,7 +343,7 @@ function parked(main) {
     p => listFilter(p, ["event_ids"]));
 }
 
-const effectCols = [["id", m => m.id], ["key", m => m.idem_key], ["consumer", m => m.consumer], ["event", m => link("/evidence", { q: m.event_id }, m.event_id)],
+const effectCols = [["id", m => link("/effect", { id: m.id }, String(m.id))], ["key", m => m.idem_key], ["consumer", m => m.consumer], ["event", m => link("/evidence", { q: m.event_id }, m.event_id)],
   ["step", m => m.step], ["target → operation", m => m.target + " → " + m.operation], ["attempts", m => m.attempts], ["created", m => fmtTime(m.created_at)],
   ["last error", m => el("td", { class: "err" }, m.last_error || "")]];
 
@@ -360,7 +398,8 @@ function cleanup(main) {
 }
 
 const pages = { "/": ["Overview", overview], "/outbox": ["Outbox", outbox], "/dead": ["Dead letters", dead], "/parked": ["Parked", parked],
-  "/effects": ["Effects", effects], "/evidence": ["Evidence", evidence], "/audit": ["Audit", audit], "/cleanup": ["Cleanup", cleanup], "/message": [null, message] };
+  "/effects": ["Effects", effects], "/evidence": ["Evidence", evidence], "/audit": ["Audit", audit], "/cleanup": ["Cleanup", cleanup], "/message": [null, message],
+  "/parked-message": [null, parkedMessage], "/effect": [null, effect] };
 
 async function start() {
   const nav = document.getElementById("nav");
