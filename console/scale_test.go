@@ -29,43 +29,7 @@ func BenchmarkConsoleScale(b *testing.B) {
 		fmt.Sscan(v, &rows)
 	}
 	e := newScaleEnv(b, rows)
-	ctx := context.Background()
-	var mid, deadMid, someEvent string
-	row := func(q string, dest *string) {
-		if _, err := e.pg.Pool.Exec(ctx, "SELECT 1"); err != nil {
-			b.Fatal(err)
-		}
-		if err := e.pg.Pool.QueryRow(ctx, q).Scan(dest); err != nil {
-			b.Fatalf("%s: %v", q, err)
-		}
-	}
-	row(fmt.Sprintf(`SELECT (%d / 2)::text`, rows), &mid)
-	row(fmt.Sprintf(`SELECT id::text FROM ferry_outbox WHERE status = 'dead' ORDER BY id OFFSET %d LIMIT 1`, rows/20), &deadMid)
-	row(fmt.Sprintf(`SELECT event_id::text FROM ferry_outbox WHERE id = %d`, rows/3), &someEvent)
-	since := url.QueryEscape(time.Now().Add(-time.Duration(rows/2) * time.Second).UTC().Format(time.RFC3339))
-	until := url.QueryEscape(time.Now().Add(-time.Duration(rows/2-3600) * time.Second).UTC().Format(time.RFC3339))
-	pages := []struct{ name, path string }{
-		{"overview", "/api/v1/status"},
-		{"outbox_newest", "/api/v1/outbox?limit=50"},
-		{"outbox_deep_page", "/api/v1/outbox?limit=50&after=" + mid},
-		{"outbox_event_id", "/api/v1/outbox?event_id=" + someEvent},
-		{"outbox_tenant", "/api/v1/outbox?tenant_id=tenant-7&limit=50"},
-		{"outbox_tenant_deep", "/api/v1/outbox?tenant_id=tenant-7&limit=50&after=" + mid},
-		{"outbox_aggregate", "/api/v1/outbox?tenant_id=tenant-3&aggregate_type=order&aggregate_id=o-5000&limit=50"},
-		{"outbox_correlation", "/api/v1/outbox?correlation_id=corr-12345&limit=50"},
-		{"outbox_status_dead", "/api/v1/outbox?status=dead&limit=50"},
-		{"outbox_status_pending", "/api/v1/outbox?status=pending&limit=50"},
-		{"outbox_time_range", "/api/v1/outbox?limit=50&since=" + since + "&until=" + until},
-		{"dead_first_page", "/api/v1/dead?limit=50"},
-		{"dead_deep_page", "/api/v1/dead?limit=50&after=" + deadMid},
-		{"dead_by_topic", "/api/v1/dead?limit=50&topic=order.events"},
-		{"dead_by_tenant", "/api/v1/dead?limit=50&tenant_id=tenant-10"},
-		{"parked", "/api/v1/parked?limit=50"},
-		{"effects_failed", "/api/v1/effects/failed?limit=50"},
-		{"audit", "/api/v1/audit?limit=50"},
-		{"audit_by_actor", "/api/v1/audit?limit=50&actor=olivia"},
-		{"evidence", "/api/v1/evidence?q=" + someEvent},
-	}
+	pages := scalePages(b, e, rows)
 	var seqScans []string
 	for _, p := range pages {
 		b.Run(p.name, func(b *testing.B) {
@@ -98,12 +62,56 @@ func BenchmarkConsoleScale(b *testing.B) {
 	if len(seqScans) > 0 {
 		b.Errorf("sequential scans of the outbox: %s", strings.Join(seqScans, ", "))
 	}
-	explain(b, e, fmt.Sprintf(`SELECT id FROM ferry_outbox WHERE tenant_id = 'tenant-7' AND id < %s ORDER BY id DESC LIMIT 51`, mid))
+	// The plans of the statements each page sent: no sequential scan of
+	// the outbox.
+	checkPagePlans(b, e, pages)
+}
+
+type scalePage struct{ name, path string }
+
+// scalePages are the pages the scale benchmark and the plan test read:
+// every list page (first, deep and filtered), the searches, the overview.
+func scalePages(tb testing.TB, e *env, rows int) []scalePage {
+	tb.Helper()
+	ctx := context.Background()
+	var mid, deadMid, someEvent string
+	row := func(q string, dest *string) {
+		if err := e.pg.Pool.QueryRow(ctx, q).Scan(dest); err != nil {
+			tb.Fatalf("%s: %v", q, err)
+		}
+	}
+	row(fmt.Sprintf(`SELECT (%d / 2)::text`, rows), &mid)
+	row(fmt.Sprintf(`SELECT id::text FROM ferry_outbox WHERE status = 'dead' ORDER BY id OFFSET %d LIMIT 1`, rows/20), &deadMid)
+	row(fmt.Sprintf(`SELECT event_id::text FROM ferry_outbox WHERE id = %d`, rows/3), &someEvent)
+	since := url.QueryEscape(time.Now().Add(-time.Duration(rows/2) * time.Second).UTC().Format(time.RFC3339))
+	until := url.QueryEscape(time.Now().Add(-time.Duration(rows/2-3600) * time.Second).UTC().Format(time.RFC3339))
+	return []scalePage{
+		{"overview", "/api/v1/status"},
+		{"outbox_newest", "/api/v1/outbox?limit=50"},
+		{"outbox_deep_page", "/api/v1/outbox?limit=50&after=" + mid},
+		{"outbox_event_id", "/api/v1/outbox?event_id=" + someEvent},
+		{"outbox_tenant", "/api/v1/outbox?tenant_id=tenant-7&limit=50"},
+		{"outbox_tenant_deep", "/api/v1/outbox?tenant_id=tenant-7&limit=50&after=" + mid},
+		{"outbox_aggregate", "/api/v1/outbox?tenant_id=tenant-3&aggregate_type=order&aggregate_id=o-5000&limit=50"},
+		{"outbox_correlation", "/api/v1/outbox?correlation_id=corr-12345&limit=50"},
+		{"outbox_status_dead", "/api/v1/outbox?status=dead&limit=50"},
+		{"outbox_status_pending", "/api/v1/outbox?status=pending&limit=50"},
+		{"outbox_time_range", "/api/v1/outbox?limit=50&since=" + since + "&until=" + until},
+		{"dead_first_page", "/api/v1/dead?limit=50"},
+		{"dead_deep_page", "/api/v1/dead?limit=50&after=" + deadMid},
+		{"dead_by_topic", "/api/v1/dead?limit=50&topic=order.events"},
+		{"dead_by_tenant", "/api/v1/dead?limit=50&tenant_id=tenant-10"},
+		{"parked", "/api/v1/parked?limit=50"},
+		{"effects_failed", "/api/v1/effects/failed?limit=50"},
+		{"audit", "/api/v1/audit?limit=50"},
+		{"audit_by_actor", "/api/v1/audit?limit=50&actor=olivia"},
+		{"evidence", "/api/v1/evidence?q=" + someEvent},
+	}
 }
 
 // outboxSeqScans reads the outbox's sequential-scan counter (statistics
 // are flushed by backends at most once a second, hence the wait).
-func outboxSeqScans(b *testing.B, e *env) int64 {
+func outboxSeqScans(b testing.TB, e *env) int64 {
 	b.Helper()
 	time.Sleep(1100 * time.Millisecond)
 	ctx := context.Background()
@@ -122,31 +130,13 @@ func outboxSeqScans(b *testing.B, e *env) int64 {
 	return n
 }
 
-func explain(b *testing.B, e *env, q string) {
-	b.Helper()
-	rows, err := e.pg.Pool.Query(context.Background(), "EXPLAIN "+q)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer rows.Close()
-	var plan []string
-	for rows.Next() {
-		var l string
-		if err := rows.Scan(&l); err != nil {
-			b.Fatal(err)
-		}
-		plan = append(plan, l)
-	}
-	b.Logf("EXPLAIN %s\n%s", q, strings.Join(plan, "\n"))
-}
-
 // newScaleEnv fills a Postgres schema: rows outbox rows (10% dead, 0.1%
 // pending, the rest sent; 50 tenants, 10 events per aggregate, 5 per
 // correlation id, one a second back from now), 10,000 audit rows, 10,000
 // open parked messages and 10,000 failed effect intents; then VACUUM
 // ANALYZE (what autovacuum does in a running system: index-only scans
 // rely on the visibility map).
-func newScaleEnv(b *testing.B, rows int) *env {
+func newScaleEnv(b testing.TB, rows int) *env {
 	b.Helper()
 	e := newEnv(b, "postgres", console.Config{})
 	ctx := context.Background()

@@ -1,0 +1,140 @@
+package console_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ferryhq/ferry/console"
+	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/ops"
+)
+
+// recorder keeps the statements ops sends through a recDB.
+type recorder struct {
+	mu    sync.Mutex
+	stmts []recorded
+}
+
+type recorded struct {
+	sql  string
+	args []any
+}
+
+func (r *recorder) add(sql string, args []any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stmts = append(r.stmts, recorded{sql, append([]any(nil), args...)})
+}
+
+func (r *recorder) take() []recorded {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.stmts
+	r.stmts = nil
+	return out
+}
+
+// recDB is a real database whose executor also records each statement
+// (transactions are not recorded: no page runs one).
+type recDB struct {
+	ops.DB
+	rec *recorder
+}
+
+func (d recDB) Executor() driver.Executor { return recExec{d.DB.Executor(), d.rec} }
+
+type recExec struct {
+	driver.Executor
+	rec *recorder
+}
+
+func (x recExec) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	x.rec.add(sql, args)
+	return x.Executor.Exec(ctx, sql, args...)
+}
+
+func (x recExec) Query(ctx context.Context, sql string, args ...any) (driver.Rows, error) {
+	x.rec.add(sql, args)
+	return x.Executor.Query(ctx, sql, args...)
+}
+
+// TestConsolePagePlans: every page of the scale benchmark (200,000-row
+// outbox by default, FERRY_SCALE_ROWS overrides; 10% dead), through the
+// HTTP handlers; each statement ops sent that reads the outbox is run
+// again under EXPLAIN ANALYZE with the same arguments, and a plan with a
+// sequential scan of the outbox fails the test. The plans of the overview
+// and of the dead-letter pages are logged with their timings.
+func TestConsolePagePlans(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills a 200,000-row outbox; not with -short")
+	}
+	rows := 200_000
+	if v := os.Getenv("FERRY_SCALE_ROWS"); v != "" {
+		fmt.Sscan(v, &rows)
+	}
+	e := newScaleEnv(t, rows)
+	checkPagePlans(t, e, scalePages(t, e, rows))
+}
+
+func checkPagePlans(t testing.TB, e *env, pages []scalePage) {
+	t.Helper()
+	ctx := context.Background()
+	rec := &recorder{}
+	o, err := ops.New(recDB{e.db, rec}, ops.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := console.New(o, console.Config{Auth: testTokens(t), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	pe := *e
+	pe.srv = srv
+	checked := 0
+	for _, p := range pages {
+		rec.take()
+		if code, body, _ := call(t, &pe, "GET", p.path, viewerToken, nil); code != 200 {
+			t.Fatalf("%s: %d %s", p.path, code, body)
+		}
+		for _, st := range rec.take() {
+			if !strings.Contains(st.sql, "ferry_outbox") {
+				continue
+			}
+			rows, err := e.pg.Pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+st.sql, st.args...)
+			if err != nil {
+				t.Fatalf("%s: explain %s: %v", p.name, st.sql, err)
+			}
+			var plan []string
+			for rows.Next() {
+				var l string
+				if err := rows.Scan(&l); err != nil {
+					t.Fatal(err)
+				}
+				plan = append(plan, l)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				t.Fatalf("%s: explain %s: %v", p.name, st.sql, err)
+			}
+			checked++
+			text := strings.Join(plan, "\n")
+			if strings.Contains(text, "Seq Scan on ferry_outbox") {
+				t.Errorf("%s: sequential scan of the outbox:\n%s\n%s", p.name, st.sql, text)
+			}
+			if p.name == "overview" || strings.HasPrefix(p.name, "dead_") {
+				t.Logf("%s:\n%s\n%s", p.name, st.sql, text)
+			}
+		}
+	}
+	if checked < len(pages)-3 { // parked, effects and audit pages need not read the outbox
+		t.Fatalf("only %d outbox statements checked for %d pages: the recorder misses them", checked, len(pages))
+	}
+}
