@@ -35,6 +35,7 @@ import (
 // relayFlags configure `ferry relay`. Every flag also reads FERRY_<FLAG>.
 type relayFlags struct {
 	store          storeFlags
+	shadowPrefix   string // --shadow-subject-prefix; see shadow.go
 	brokerURL      string
 	mode           string
 	shards         int
@@ -150,6 +151,7 @@ the leases and exits 0.`,
 	fl.StringVar(&f.exchange, "exchange", "ferry", "RabbitMQ: durable topic exchange (routing key = event topic)")
 	fl.StringVar(&f.queue, "queue", "", "RabbitMQ: quorum queue bound to the exchange, checked or provisioned (optional)")
 	fl.StringVar(&f.bindingKeys, "binding-keys", "#", "RabbitMQ: comma-separated binding keys of --queue")
+	fl.StringVar(&f.shadowPrefix, "shadow-subject-prefix", "", `shadow mode: publish every event to this prefix + its topic (NATS subject, Kafka topic, RabbitMQ routing key), e.g. "shadow.", so Ferry runs beside the old publisher unseen by consumers; compare with ferry compare`)
 	return cmd
 }
 
@@ -192,11 +194,14 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 		// reports a missing destination.
 		log.WarnContext(ctx, "could not compare the destinations of unsent rows with the broker", logattr.Err(err))
 	}
-	pub, closePub, err := openDestination(ctx, f, log, rows)
+	pub, closePub, err := openDestination(ctx, f, log, shadowTopics(f, rows))
 	if err != nil {
 		return err
 	}
 	defer closePub()
+	if pub, err = shadowPublisher(ctx, f, log, pub); err != nil {
+		return err
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

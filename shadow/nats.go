@@ -1,0 +1,77 @@
+package shadow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ReadNATS reads the messages of stream on subject (a filter, wildcards
+// allowed; "" = the whole stream) stored at or after since (zero: from the
+// start) and up to the stream's last message when the read began, with an
+// ordered ephemeral consumer (nothing is acknowledged or changed).
+func ReadNATS(ctx context.Context, js jetstream.JetStream, stream, subject string, since time.Time) ([]Message, error) {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("shadow: stream %s: %w", stream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("shadow: stream %s: %w", stream, err)
+	}
+	last := info.State.LastSeq
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	if subject != "" {
+		cfg.FilterSubjects = []string{subject}
+	}
+	if !since.IsZero() {
+		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
+		cfg.OptStartTime = &since
+	}
+	cons, err := st.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("shadow: stream %s: consumer: %w", stream, err)
+	}
+	var out []Message
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("shadow: stream %s: %w", stream, err)
+		}
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("shadow: stream %s: fetch: %w", stream, err)
+		}
+		got := 0
+		done := false
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, fmt.Errorf("shadow: stream %s: metadata: %w", stream, err)
+			}
+			if md.Sequence.Stream > last {
+				done = true
+				continue
+			}
+			h := map[string]string{}
+			for k, v := range m.Headers() {
+				if len(v) > 0 {
+					h[k] = v[0]
+				}
+			}
+			out = append(out, Message{Seq: md.Sequence.Stream, Headers: h, Body: m.Data()})
+			if md.NumPending == 0 || md.Sequence.Stream == last {
+				done = true
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("shadow: stream %s: fetch: %w", stream, err)
+		}
+		if done || got == 0 {
+			return out, nil
+		}
+	}
+}
