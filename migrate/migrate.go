@@ -69,7 +69,7 @@ func Load(dialect driver.Dialect, tables ferry.Tables) ([]Migration, error) {
 		return nil, fmt.Errorf("migrate: no migrations for dialect %q: %w", dialect, err)
 	}
 	funcs := template.FuncMap{}
-	data := names{tables}
+	data := names{t: tables, mysql: dialect == driver.MySQL}
 	var out []Migration
 	for _, e := range entries {
 		base := strings.TrimSuffix(e.Name(), ".sql")
@@ -102,12 +102,24 @@ func Load(dialect driver.Dialect, tables ferry.Tables) ([]Migration, error) {
 }
 
 // names is the template data: {{.T "outbox"}} is a qualified table name,
-// {{.I "outbox_pending_idx"}} an index or constraint name.
-type names struct{ t ferry.Tables }
+// {{.I "outbox_pending_idx"}} an index or constraint name. MySQL's are
+// quoted with backticks, so the DDL `ferry migrate sql` prints runs without
+// ANSI_QUOTES (the names are validated identifiers: no quote inside).
+type names struct {
+	t     ferry.Tables
+	mysql bool
+}
 
-func (n names) T(base string) string    { return n.t.Name(base) }
-func (n names) I(base string) string    { return n.t.Ident(base) }
+func (n names) T(base string) string    { return n.quote(n.t.Name(base)) }
+func (n names) I(base string) string    { return n.quote(n.t.Ident(base)) }
 func (n names) Bare(base string) string { return n.t.Bare(base) }
+
+func (n names) quote(s string) string {
+	if n.mysql {
+		return strings.ReplaceAll(s, `"`, "`")
+	}
+	return s
+}
 
 // SQL returns the DDL of every migration for dialect, for pasting into
 // another migration tool. It does not include Ferry's own version table.
@@ -118,7 +130,11 @@ func SQL(dialect driver.Dialect, tables ferry.Tables) (string, error) {
 	}
 	var b strings.Builder
 	if tables.Schema != "" {
-		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %q;\n\n", tables.Schema)
+		if dialect == driver.MySQL {
+			fmt.Fprintf(&b, "CREATE DATABASE IF NOT EXISTS `%s` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;\n\n", tables.Schema)
+		} else {
+			fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %q;\n\n", tables.Schema)
+		}
 	}
 	for _, m := range ms {
 		fmt.Fprintf(&b, "-- ferry migration %04d_%s\n%s\n", m.Version, m.Name, strings.TrimSpace(m.SQL))
@@ -135,10 +151,18 @@ func SQL(dialect driver.Dialect, tables ferry.Tables) (string, error) {
 // also retries a connection that finds a fresh file being switched to WAL
 // by another). It returns the migrations it applied; none when the schema
 // is current.
+//
+// MySQL and MariaDB have no transactional DDL: each statement commits on
+// its own, so there Up applies a migration statement by statement and
+// records its version when all of them ran; see [upMySQL] for how a crash
+// in between is recovered.
 func Up(ctx context.Context, db DB, tables ferry.Tables) ([]Migration, error) {
 	ms, err := Load(db.Dialect(), tables)
 	if err != nil {
 		return nil, err
+	}
+	if db.Dialect() == driver.MySQL {
+		return upMySQL(ctx, db, tables, ms)
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -223,14 +247,22 @@ func prepare(ctx context.Context, tx driver.Tx, tables ferry.Tables) error {
 			}
 		}
 	}
-	ts := "timestamptz"
-	if tx.Dialect() == driver.SQLite {
+	ts, tail, text := "timestamptz", "", "text"
+	switch tx.Dialect() {
+	case driver.SQLite:
 		ts = "TIMESTAMP"
+	case driver.MySQL:
+		ts, tail, text = "DATETIME(6)", " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin", "VARCHAR(255)"
+		if tables.Schema != "" {
+			if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE DATABASE IF NOT EXISTS `%s` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin", tables.Schema)); err != nil {
+				return fmt.Errorf("migrate: create database %s: %w", tables.Schema, err)
+			}
+		}
 	}
 	_, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 		version    integer PRIMARY KEY,
-		name       text NOT NULL,
-		applied_at %s NOT NULL)`, tables.Name("migrations"), ts))
+		name       %s NOT NULL,
+		applied_at %s NOT NULL)%s`, tables.Name("migrations"), text, ts, tail))
 	if err != nil {
 		return fmt.Errorf("migrate: create version table: %w", err)
 	}

@@ -103,8 +103,8 @@ func newMigrateCmd() *cobra.Command {
 				return err
 			}
 			d := driver.Dialect(dialect)
-			if d != driver.Postgres && d != driver.SQLite {
-				return fmt.Errorf("--dialect must be postgres or sqlite, got %q", dialect)
+			if d != driver.Postgres && d != driver.SQLite && d != driver.MySQL {
+				return fmt.Errorf("--dialect must be postgres, mysql or sqlite, got %q", dialect)
 			}
 			ddl, err := migrate.SQL(d, sqlFlags.tables())
 			if err != nil {
@@ -114,8 +114,8 @@ func newMigrateCmd() *cobra.Command {
 			return nil
 		},
 	}
-	sqlCmd.Flags().StringVar(&dialect, "dialect", "postgres", "postgres or sqlite")
-	sqlCmd.Flags().StringVar(&sqlFlags.schema, "schema", "", "Postgres schema of Ferry's tables")
+	sqlCmd.Flags().StringVar(&dialect, "dialect", "postgres", "postgres, mysql (MySQL 8 / MariaDB 10.6+) or sqlite")
+	sqlCmd.Flags().StringVar(&sqlFlags.schema, "schema", "", "Postgres schema (MySQL: database) of Ferry's tables")
 	sqlCmd.Flags().StringVar(&sqlFlags.prefix, "table-prefix", "ferry_", "prefix of Ferry's table names")
 	cmd.AddCommand(upCmd, statusCmd, sqlCmd)
 	return cmd

@@ -16,6 +16,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/logattr"
@@ -29,8 +30,8 @@ type storeFlags struct {
 }
 
 func (f *storeFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.url, "database-url", "", "database URL: postgres://… or sqlite:PATH (env FERRY_DATABASE_URL)")
-	cmd.Flags().StringVar(&f.schema, "schema", "", "Postgres schema of Ferry's tables (default: search_path)")
+	cmd.Flags().StringVar(&f.url, "database-url", "", "database URL: postgres://…, mysql://… or sqlite:PATH (env FERRY_DATABASE_URL)")
+	cmd.Flags().StringVar(&f.schema, "schema", "", "Postgres schema (MySQL: database) of Ferry's tables (default: search_path / the URL's database)")
 	cmd.Flags().StringVar(&f.prefix, "table-prefix", ferry.DefaultTablePrefix, "prefix of Ferry's table names")
 }
 
@@ -41,7 +42,7 @@ func (f *storeFlags) tables() ferry.Tables { return ferry.Tables{Schema: f.schem
 type store struct {
 	dialect driver.Dialect
 	pgx     *pgxv5.Driver       // Postgres only
-	sql     *databasesql.Driver // SQLite only
+	sql     *databasesql.Driver // SQLite and MySQL
 	pool    *pgxpool.Pool
 	db      *sql.DB
 	tables  ferry.Tables
@@ -115,7 +116,7 @@ func openStore(ctx context.Context, url string, tables ferry.Tables) (*store, er
 var errUnsupportedDatabase = errors.New("unsupported --database-url")
 
 // acceptedDatabaseURLs is the one description of what --database-url takes.
-const acceptedDatabaseURLs = "postgres://…, postgresql://…, sqlite:PATH, sqlite://PATH, or a file path ending in .db, .sqlite or .sqlite3"
+const acceptedDatabaseURLs = "postgres://…, postgresql://…, mysql://user:pass@host:port/db, sqlite:PATH, sqlite://PATH, or a file path ending in .db, .sqlite or .sqlite3"
 
 // parseDatabaseURL tells Postgres from SQLite. A bare word is never taken
 // for a SQLite file: a typo must not create an empty database.
@@ -125,6 +126,8 @@ func parseDatabaseURL(raw string) (driver.Dialect, string, error) {
 		return "", "", fmt.Errorf("no database: set --database-url or FERRY_DATABASE_URL (%s)", acceptedDatabaseURLs)
 	case strings.HasPrefix(raw, "postgres://"), strings.HasPrefix(raw, "postgresql://"):
 		return driver.Postgres, raw, nil
+	case strings.HasPrefix(raw, "mysql://"), strings.HasPrefix(raw, "mariadb://"):
+		return driver.MySQL, raw, nil
 	case strings.HasPrefix(raw, "sqlite://"):
 		return sqlitePath(raw, strings.TrimPrefix(raw, "sqlite://"))
 	case strings.HasPrefix(raw, "sqlite:"):
@@ -170,6 +173,12 @@ func openDatabase(ctx context.Context, url string, tables ferry.Tables, create b
 			return nil, fmt.Errorf("connect postgres: %w", err)
 		}
 		return &store{dialect: driver.Postgres, pgx: pgxv5.New(pool), pool: pool, tables: tables}, nil
+	case driver.MySQL:
+		db, err := mysql.Open(target)
+		if err != nil {
+			return nil, err
+		}
+		return &store{dialect: driver.MySQL, sql: mysql.New(db), db: db, tables: tables}, nil
 	default:
 		if !create {
 			if _, err := os.Stat(target); err != nil {
@@ -205,6 +214,9 @@ func (s *store) requireTables(ctx context.Context) error {
 		err = s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace
 WHERE c.relname = $1 AND (($2 = '' AND ns.nspname = ANY (current_schemas(false))) OR ns.nspname = $2)`,
 			s.tables.Bare("outbox"), s.tables.Schema).Scan(&n)
+	} else if s.dialect == driver.MySQL {
+		err = s.db.QueryRowContext(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_name = ? AND table_schema = COALESCE(NULLIF(?, ''), DATABASE())`,
+			s.tables.Bare("outbox"), s.tables.Schema).Scan(&n)
 	} else {
 		err = s.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, s.tables.Bare("outbox")).Scan(&n)
 	}
@@ -213,6 +225,9 @@ WHERE c.relname = $1 AND (($2 = '' AND ns.nspname = ANY (current_schemas(false))
 	}
 	if n == 0 {
 		where := "the search_path"
+		if s.dialect == driver.MySQL {
+			where = "the URL's database"
+		}
 		if s.tables.Schema != "" {
 			where = "schema " + s.tables.Schema
 		}
