@@ -38,13 +38,20 @@ type Me struct {
 	ReadOnly bool         `json:"read_only"`
 }
 
+// OverviewCountCap bounds the overview's outbox counts per (topic, shard)
+// (ops.WithCountCap): a shard with more shows "1000+".
+const OverviewCountCap = 1000
+
 // StatusResponse is the overview: ops.Status and when it was read. Error
 // names the sections that could not be read (their numbers are unknown,
 // not zero).
 type StatusResponse struct {
 	Status ops.Status `json:"status"`
 	ReadAt time.Time  `json:"read_at"`
-	Error  string     `json:"error,omitempty"`
+	// CountCap is the bound of the outbox counts per (topic, shard)
+	// (status.*.counts_capped says which reached it).
+	CountCap int64  `json:"count_cap"`
+	Error    string `json:"error,omitempty"`
 }
 
 // SearchQuery are the outbox search parameters (ops.OutboxQuery).
@@ -230,8 +237,10 @@ func (s *Server) me(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
-	st, err := s.o.Status(r.Context())
-	resp := StatusResponse{Status: st, ReadAt: time.Now().UTC()}
+	// Counts per shard are bounded: the overview refreshes every few
+	// seconds and must not read every one of 100,000 dead letters each time.
+	st, err := s.o.Status(r.Context(), ops.WithCountCap(OverviewCountCap))
+	resp := StatusResponse{Status: st, ReadAt: time.Now().UTC(), CountCap: OverviewCountCap}
 	if err != nil {
 		if !errors.Is(err, ops.ErrStatusIncomplete) {
 			s.writeError(w, r, err)

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
@@ -80,6 +81,27 @@ func TestConsolePagePlans(t *testing.T) {
 	}
 	e := newScaleEnv(t, rows)
 	checkPagePlans(t, e, scalePages(t, e, rows))
+
+	// The overview's counts stop at the cap (2,500 dead letters per shard
+	// here), the dead-letter list's total at ops.CountCap.
+	_, b, _ := call(t, e, "GET", "/api/v1/status", viewerToken, nil)
+	var st console.StatusResponse
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Status.Outbox.CountsCapped || st.CountCap != console.OverviewCountCap || len(st.Status.Shards) == 0 {
+		t.Fatalf("overview at scale: %+v", st.Status.Outbox)
+	}
+	for _, sh := range st.Status.Shards {
+		if sh.Dead > console.OverviewCountCap || (sh.Dead == console.OverviewCountCap) != sh.CountsCapped {
+			t.Fatalf("shard %d: dead %d capped %v", sh.Shard, sh.Dead, sh.CountsCapped)
+		}
+	}
+	_, b, _ = call(t, e, "GET", "/api/v1/dead?limit=1", viewerToken, nil)
+	var dead ops.Page[ops.OutboxMessage]
+	if err := json.Unmarshal(b, &dead); err != nil || dead.Total != ops.CountCap || !dead.TotalCapped {
+		t.Fatalf("dead letters at scale: total %d capped %v, %v", dead.Total, dead.TotalCapped, err)
+	}
 }
 
 func checkPagePlans(t testing.TB, e *env, pages []scalePage) {

@@ -195,17 +195,21 @@ async function overview(main) {
   load();
 }
 
+// atLeast shows a count read with a cap as "n+" (more rows exist).
+function atLeast(n, capped) { return capped ? n + "+" : String(n); }
+
 function renderStatus(body, r) {
   const st = r.status;
   const parts = [];
   if (r.error) parts.push(errorBox({ problem: { title: "status incomplete", detail: r.error } }));
   const o = st.outbox;
   parts.push(el("h2", {}, "Outbox"), table(["pending", "oldest pending", "dead letters", "discarded", "unowned shards with pending"],
-    [[num(o.pending), fmtAge(o.oldest_pending_age_seconds), num(link("/dead", {}, String(o.dead))), num(o.discarded), num(st.unowned_shards_with_pending)]]));
+    [[num(atLeast(o.pending, o.counts_capped)), fmtAge(o.oldest_pending_age_seconds), num(link("/dead", {}, atLeast(o.dead, o.counts_capped))), num(atLeast(o.discarded, o.counts_capped)), num(st.unowned_shards_with_pending)]]));
+  if (o.counts_capped) parts.push(el("p", { class: "note", id: "counts-capped" }, "Counts per shard stop at " + r.count_cap + " (a shard with more shows " + r.count_cap + "+); the /metrics gauges and ferry status count exactly."));
   parts.push(el("h2", {}, "Topics"), table(["topic", "pending", "oldest pending", "dead"],
-    (st.topics || []).map(t => [t.topic, num(t.pending), fmtAge(t.oldest_pending_age_seconds), num(t.dead)])));
+    (st.topics || []).map(t => [t.topic, num(atLeast(t.pending, t.counts_capped)), fmtAge(t.oldest_pending_age_seconds), num(atLeast(t.dead, t.counts_capped))])));
   parts.push(el("h2", {}, "Shards and leases"), table(["topic", "shard", "pending", "oldest", "dead", "lease owner", "fence", "lease"],
-    (st.shards || []).map(s => [s.topic, num(s.shard), num(s.pending), fmtAge(s.oldest_pending_age_seconds), num(s.dead), s.lease_owner || "", s.lease_fence || "", badge(s.lease_live ? "live" : "none")])));
+    (st.shards || []).map(s => [s.topic, num(s.shard), num(atLeast(s.pending, s.counts_capped)), fmtAge(s.oldest_pending_age_seconds), num(atLeast(s.dead, s.counts_capped)), s.lease_owner || "", s.lease_fence || "", badge(s.lease_live ? "live" : "none")])));
   parts.push(el("h2", {}, "Relay instances"), table(["instance", "started", "heartbeat", "live", "owned shards", "breaker"],
     (st.relays || []).map(x => [x.instance_id, fmtTime(x.started_at), fmtTime(x.heartbeat_at), badge(x.live ? "live" : "dead"), (x.owned_shards || []).join(", "), x.breaker])));
   parts.push(el("h2", {}, "Consumers"), table(["consumer", "applied last minute", "applied/s", "last applied", "parked by reason", "open gaps", "oldest gap"],

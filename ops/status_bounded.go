@@ -1,0 +1,94 @@
+package ops
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/ferryhq/ferry/driver"
+)
+
+// StatusOption changes how Status reads.
+type StatusOption func(*statusOptions)
+
+type statusOptions struct{ countCap int64 }
+
+// WithCountCap counts the outbox's pending, dead and discarded rows of
+// each (topic, shard) up to n (n > 0; Postgres; elsewhere counts stay
+// exact). A shard that reaches it is marked CountsCapped, and so are its
+// topic and the totals: the numbers are then lower bounds. The metrics
+// collector and ferry status read exact counts.
+func WithCountCap(n int64) StatusOption {
+	return func(s *statusOptions) { s.countCap = n }
+}
+
+// outboxStatusBounded is outboxStatus with each count bounded: the
+// (topic, shard) pairs with unsent rows are found by a loose index scan of
+// outbox_unsent_status_idx (topic, shard, status, created_at,
+// discarded_at), one index probe per pair, and each count reads at most
+// capN+1 entries of that index (index-only); the oldest pending row is the
+// first entry of its range. The cost is bounded by pairs × 3 × capN
+// instead of growing with every unsent row.
+func (o *Ops) outboxStatusBounded(ctx context.Context, exec driver.Executor, now time.Time, st *Status, capN int64) error {
+	t := o.t("outbox")
+	count := func(cond string) string {
+		return fmt.Sprintf(`(SELECT count(*) FROM (SELECT 1 FROM %s x WHERE x.status <> 'sent' AND x.topic = k.topic AND x.shard = k.shard AND %s LIMIT %d) c)`,
+			t, cond, capN+1)
+	}
+	q := fmt.Sprintf(`WITH RECURSIVE k(topic, shard) AS (
+    (SELECT topic, shard FROM %[1]s WHERE status <> 'sent' ORDER BY topic, shard LIMIT 1)
+  UNION ALL
+    SELECT n.topic, n.shard FROM k CROSS JOIN LATERAL
+      (SELECT topic, shard FROM %[1]s WHERE status <> 'sent' AND (topic, shard) > (k.topic, k.shard) ORDER BY topic, shard LIMIT 1) n
+)
+SELECT k.topic, k.shard, %[2]s,
+    (SELECT min(x.created_at) FROM %[1]s x WHERE x.status <> 'sent' AND x.topic = k.topic AND x.shard = k.shard AND x.status = 'pending'),
+    %[3]s, %[4]s
+FROM k ORDER BY k.topic, k.shard`, t, count("x.status = 'pending'"), count("x.status = 'dead' AND x.discarded_at IS NULL"),
+		count("x.status = 'dead' AND x.discarded_at IS NOT NULL"))
+	rows, err := exec.Query(ctx, q)
+	if err != nil {
+		return fmt.Errorf("ops: outbox status: %w", err)
+	}
+	defer rows.Close()
+	topics := map[string]*TopicStatus{}
+	for rows.Next() {
+		var s ShardStatus
+		var oldest nullTime
+		var discarded int64
+		if err := rows.Scan(&s.Topic, &s.Shard, &s.Pending, &oldest, &s.Dead, &discarded); err != nil {
+			return fmt.Errorf("ops: outbox status: %w", err)
+		}
+		for _, n := range []*int64{&s.Pending, &s.Dead, &discarded} {
+			if *n > capN {
+				*n, s.CountsCapped = capN, true
+			}
+		}
+		s.OldestPendingAge = oldest.age(now)
+		st.Shards = append(st.Shards, s)
+		tp := topics[s.Topic]
+		if tp == nil {
+			tp = &TopicStatus{Topic: s.Topic}
+			topics[s.Topic] = tp
+		}
+		tp.Pending += s.Pending
+		tp.Dead += s.Dead
+		tp.OldestPendingAge = max(tp.OldestPendingAge, s.OldestPendingAge)
+		tp.CountsCapped = tp.CountsCapped || s.CountsCapped
+		st.Outbox.Pending += s.Pending
+		st.Outbox.Dead += s.Dead
+		st.Outbox.Discarded += discarded
+		st.Outbox.OldestPendingAge = max(st.Outbox.OldestPendingAge, s.OldestPendingAge)
+		st.Outbox.CountsCapped = st.Outbox.CountsCapped || s.CountsCapped
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("ops: outbox status: %w", err)
+	}
+	st.Topics = make([]TopicStatus, 0, len(topics))
+	for _, tp := range topics {
+		st.Topics = append(st.Topics, *tp)
+	}
+	sort.Slice(st.Topics, func(i, j int) bool { return st.Topics[i].Topic < st.Topics[j].Topic })
+	return nil
+}
