@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ferryhq/ferry/vet/dualwrite/dualwritetest"
 )
 
 // TestGoVetVettool builds ferry-vet and runs `go vet -vettool=…` on the
@@ -18,10 +20,7 @@ func TestGoVetVettool(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	dir, err := filepath.Abs("../../vet/dualwrite/testdata")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := dualwritetest.Fixture(t)
 	cmd := exec.Command("go", "vet", "-vettool="+bin, "./shapes", "./clean")
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()

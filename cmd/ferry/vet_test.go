@@ -3,25 +3,23 @@ package main
 import (
 	"bytes"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ferryhq/ferry/vet/dualwrite/dualwritetest"
 )
 
 // TestVetCommand runs `ferry vet` on the analyzer's fixture module (real
 // client libraries): it must list the shapes package's findings, none from
 // the clean package, and exit 1.
 func TestVetCommand(t *testing.T) {
-	dir, err := filepath.Abs("../../vet/dualwrite/testdata")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := dualwritetest.Fixture(t)
 	root := newRootCmd()
 	var out, errOut bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	root.SetArgs([]string{"vet", "--dir", dir, "./..."})
-	err = root.Execute()
+	err := root.Execute()
 	var ec exitCodeError
 	if !errors.As(err, &ec) || ec.code != 1 {
 		t.Fatalf("ferry vet: err = %v, want exit status 1; stderr: %s", err, errOut.String())
