@@ -178,13 +178,13 @@ func (c *config) validate() error {
 	if c.postgresURL != "" && !strings.HasPrefix(c.postgresURL, "postgres://") && !strings.HasPrefix(c.postgresURL, "postgresql://") {
 		return bad("database-url", "must be a postgres:// or mysql:// URL")
 	}
-	if c.brokerURL != "" {
+	if c.brokerURL != "" && c.brokerURL != BrokerNATSCluster {
 		ok := false
 		for _, p := range []string{"nats://", "amqp://", "amqps://", "kafka://"} {
 			ok = ok || strings.HasPrefix(c.brokerURL, p)
 		}
 		if !ok {
-			return bad("broker", "must be nats://, amqp:// or kafka://")
+			return bad("broker", "must be nats://, amqp://, kafka:// or "+BrokerNATSCluster)
 		}
 	}
 	for _, n := range c.scenarios {

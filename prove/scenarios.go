@@ -45,6 +45,7 @@ type scenario struct {
 	cdcCurrentWAL       bool          // the CDC control: restart from the current WAL, not the slot
 	cdcConfirmEarly     bool          // the CDC control: confirm the LSN before the rows are marked sent
 	throttle            time.Duration // pause per producer transaction, to spread the workload over the faults
+	clusterFault        string        // --broker nats-cluster: clusterLeaderKill or clusterPartition (cluster.go)
 	notAvailable        func(*stack, *config) string
 
 	// extra checks after the common ones.
@@ -181,6 +182,12 @@ func allScenarios() []*scenario {
 				}
 				return nil
 			}},
+		{name: "nats-leader-kill", desc: "3-node JetStream cluster, stream at 3 replicas: the stream leader's server is shut down mid-drain and restarted; relay and consumer carry on through the leader change",
+			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, clusterFault: clusterLeaderKill, throttle: 30 * time.Millisecond,
+			notAvailable: needsNATSCluster, extra: clusterFaultBit},
+		{name: "nats-partition", desc: "3-node JetStream cluster: the stream leader is cut off from both other nodes (fault proxies on the routes) while publishing, then healed",
+			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, clusterFault: clusterPartition, throttle: 30 * time.Millisecond,
+			notAvailable: needsNATSCluster, extra: clusterFaultBit},
 
 		// Negative controls: broken pipelines that must show violations.
 		{name: "control-naive-dual-write", control: true, desc: "commit, then publish directly (crash between); publish inside a tx that rolls back",
@@ -427,6 +434,7 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 
 	// The outage: black hole, then reset every connection, then heal.
 	outageDone := make(chan struct{})
+	var clusterErr error // set by the cluster fault before outageDone closes
 	if proxy != nil {
 		go func() {
 			defer close(outageDone)
@@ -438,6 +446,13 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 			proxy.Set(faultproxy.Reset)
 			sleepCtx(runCtx, 300*time.Millisecond)
 			proxy.Set(faultproxy.Pass)
+		}()
+	} else if sc.clusterFault != "" {
+		go func() {
+			defer close(outageDone)
+			sleepCtx(runCtx, 300*time.Millisecond)
+			note, err := runClusterFault(runCtx, e, sc.clusterFault)
+			e.extraNote, clusterErr = note, err
 		}()
 	} else {
 		close(outageDone)
@@ -474,6 +489,9 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		return Figures{}, nil, "", nil, fmt.Errorf("prove: workload: %w", perr)
 	}
 	<-outageDone
+	if clusterErr != nil {
+		return Figures{}, nil, "", nil, clusterErr
+	}
 
 	if sc.revokeBeforeConsume {
 		// Wait until every committed event is in the stream, then revoke.

@@ -33,6 +33,7 @@ type stack struct {
 	myURL    string // MySQL/MariaDB server (mysql.go); pgURL is then empty
 	natsURL  string
 	embedded *natsembed.Server
+	cluster  *natsCluster // --broker nats-cluster (cluster.go)
 	kfake    *kfake.Cluster
 	kproxy   *faultproxy.Proxy // in front of kfake's broker (startKfake)
 	kafka    []string          // seed brokers
@@ -56,6 +57,13 @@ func openStack(ctx context.Context, cfg *config) (*stack, error) {
 			return nil, err
 		}
 		st.embedded, st.natsURL = e, e.ClientURL()
+	case cfg.brokerURL == BrokerNATSCluster:
+		c, err := startNATSCluster()
+		if err != nil {
+			st.close()
+			return nil, err
+		}
+		st.cluster, st.natsURL = c, c.c.ClientURL()
 	case strings.HasPrefix(cfg.brokerURL, "nats://"):
 		st.natsURL = cfg.brokerURL
 	case cfg.brokerURL == "kafka://kfake":
@@ -104,6 +112,8 @@ func (st *stack) describe() string {
 	switch {
 	case st.embedded != nil:
 		b = "nats(embedded)"
+	case st.cluster != nil:
+		b = "nats(3-node cluster, R3)"
 	case st.kfake != nil:
 		b = "kafka(kfake)"
 	}
@@ -113,6 +123,9 @@ func (st *stack) describe() string {
 func (st *stack) close() {
 	if st.embedded != nil {
 		_ = st.embedded.Close()
+	}
+	if st.cluster != nil {
+		st.cluster.close()
 	}
 	if st.kfake != nil {
 		st.kfake.Close()
@@ -210,7 +223,11 @@ func (st *stack) newTransport(ctx context.Context, scenario string, cfg *config)
 		return newRabbitTransport(ctx, st.amqpURL, scenario)
 	}
 	s := &natsStream{url: st.natsURL, name: "PROVE_" + strings.ToUpper(strings.ReplaceAll(scenario, "-", "_")) + "_" + randHex(4), ackWait: cfg.ackWait}
-	if err := s.create(ctx); err != nil {
+	create := s.create
+	if st.cluster != nil {
+		create = s.createReplicated
+	}
+	if err := create(ctx); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -218,6 +235,9 @@ func (st *stack) newTransport(ctx context.Context, scenario string, cfg *config)
 
 // unsupported says why sc cannot run on the stack's broker ("" if it can).
 func (st *stack) unsupported(sc *scenario) string {
+	if st.cluster != nil && sc.outage {
+		return "the outage proxy fronts one server's client port; on the cluster nats-leader-kill and nats-partition take its place"
+	}
 	switch st.broker {
 	case "kafka":
 		return (&kafkaTransport{proxied: st.kproxy != nil}).unsupported(sc)

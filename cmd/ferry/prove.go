@@ -114,7 +114,7 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 	f.StringVar(&postgres, "database-url", "", "postgres://… or mysql://user:pass@host:port/db (default: SQLite in a temp dir); each scenario uses a fresh schema (MySQL: a fresh database, so the user needs CREATE and DROP) and touches nothing else")
 	f.StringVar(&postgres, "postgres", "", "old name of --database-url")
 	_ = f.MarkDeprecated("postgres", "use --database-url")
-	f.StringVar(&brokerURL, "broker", "", "broker: nats://host:port, kafka://kfake, kafka://host:port[,…], amqp://user:pass@host:port/ (default: embedded NATS)")
+	f.StringVar(&brokerURL, "broker", "", "broker: nats://host:port, nats-cluster (prove's own 3-node JetStream cluster, R3 streams), kafka://kfake, kafka://host:port[,…], amqp://user:pass@host:port/ (default: embedded NATS)")
 	f.BoolVar(&refRel, "reference-relay", false, "use prove's reference relay instead of package relay")
 	cmd.AddCommand(&cobra.Command{
 		Use:    "worker",

@@ -1,0 +1,194 @@
+package natsembed
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// RouteDialer stands between two cluster nodes: Route(from, to, addr)
+// returns the address node from dials to reach node to's route listener
+// at addr (a fault proxy's address, to cut the pair apart), or addr itself.
+type RouteDialer func(from, to int, addr string) (string, error)
+
+// Cluster is an in-process JetStream cluster of several Servers on
+// loopback ports, each with its own store directory and route port. Routes
+// are only the configured ones (no gossip of route addresses), so when a
+// RouteDialer puts a proxy between every ordered pair, a node can be cut
+// off from the others by those proxies alone.
+type Cluster struct {
+	Nodes []*Server
+	dir   string
+}
+
+// StartCluster starts n (3..7) JetStream servers named ferry-node-0..n-1
+// in cluster name and waits until JetStream's meta group has a leader.
+// dial may be nil (nodes dial each other directly).
+func StartCluster(n int, name string, dial RouteDialer) (*Cluster, error) {
+	if n < 3 || n > 7 {
+		return nil, fmt.Errorf("natsembed: StartCluster: n %d is outside 3..7", n)
+	}
+	if name == "" {
+		return nil, errors.New("natsembed: StartCluster: name must not be empty")
+	}
+	dir, err := os.MkdirTemp("", "ferry-nats-cluster-*")
+	if err != nil {
+		return nil, fmt.Errorf("natsembed: cluster dir: %w", err)
+	}
+	c := &Cluster{dir: dir}
+	clientPorts, routePorts := make([]int, n), make([]int, n)
+	for i := 0; i < n; i++ {
+		if clientPorts[i], err = freePort(); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		if routePorts[i], err = freePort(); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+	}
+	for i := 0; i < n; i++ {
+		var routes []*url.URL
+		for j := 0; j < n; j++ {
+			if j == i {
+				continue
+			}
+			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(routePorts[j]))
+			if dial != nil {
+				if addr, err = dial(i, j, addr); err != nil {
+					_ = c.Close()
+					return nil, fmt.Errorf("natsembed: route %d->%d: %w", i, j, err)
+				}
+			}
+			routes = append(routes, &url.URL{Scheme: "nats-route", Host: addr})
+		}
+		store := filepath.Join(dir, "node-"+strconv.Itoa(i))
+		if err := os.MkdirAll(store, 0o700); err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("natsembed: node store dir: %w", err)
+		}
+		s := &Server{storeDir: store}
+		s.opts = server.Options{
+			ServerName: "ferry-node-" + strconv.Itoa(i),
+			Host:       "127.0.0.1",
+			Port:       clientPorts[i],
+			JetStream:  true,
+			StoreDir:   store,
+			NoLog:      true,
+			NoSigs:     true,
+			Cluster: server.ClusterOpts{
+				Name: name, Host: "127.0.0.1", Port: routePorts[i],
+				NoAdvertise: true, ConnectRetries: -1,
+				PingInterval: 250 * time.Millisecond, MaxPingsOut: 3,
+			},
+			Routes: routes,
+		}
+		c.Nodes = append(c.Nodes, s)
+	}
+	// Start every node before waiting on any: a JetStream cluster is not
+	// ready until a majority of nodes run.
+	for i, s := range c.Nodes {
+		opts := s.opts
+		srv, err := server.NewServer(&opts)
+		if err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("natsembed: node %d: %w", i, err)
+		}
+		srv.Start()
+		s.srv = srv
+	}
+	for i, s := range c.Nodes {
+		if !s.srv.ReadyForConnections(10 * time.Second) {
+			_ = c.Close()
+			return nil, fmt.Errorf("natsembed: node %d on port %d not ready within 10s", i, s.opts.Port)
+		}
+	}
+	if err := c.WaitReady(20 * time.Second); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// WaitReady waits until every running node has a route to every other
+// running node, sees a JetStream meta leader and is current with it.
+func (c *Cluster) WaitReady(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		var running []*server.Server
+		for _, s := range c.Nodes {
+			s.mu.Lock()
+			if s.srv != nil {
+				running = append(running, s.srv)
+			}
+			s.mu.Unlock()
+		}
+		ready := true
+		for _, srv := range running {
+			if !srv.JetStreamIsClustered() || !srv.JetStreamIsCurrent() || routedPeers(srv) < len(running)-1 {
+				ready = false
+			}
+		}
+		if ready {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("natsembed: cluster JetStream not ready within %s", limit)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// ClientURL lists every node's client URL, comma-separated: a NATS client
+// given it connects to any node that is up and fails over between them.
+func (c *Cluster) ClientURL() string {
+	urls := make([]string, len(c.Nodes))
+	for i, s := range c.Nodes {
+		urls[i] = s.ClientURL()
+	}
+	return strings.Join(urls, ",")
+}
+
+// NodeByName returns the node whose server name is name (as JetStream
+// reports a stream's leader), or -1.
+func (c *Cluster) NodeByName(name string) int {
+	for i, s := range c.Nodes {
+		if s.opts.ServerName == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Close shuts every node down and removes the cluster's directory.
+func (c *Cluster) Close() error {
+	for _, s := range c.Nodes {
+		_ = s.Close() // a node's store is under c.dir, not owned by it
+	}
+	if err := os.RemoveAll(c.dir); err != nil {
+		return fmt.Errorf("natsembed: remove cluster dir: %w", err)
+	}
+	return nil
+}
+
+// routedPeers counts the distinct servers srv has a route to (a pair may
+// have several pooled route connections).
+func routedPeers(srv *server.Server) int {
+	rz, err := srv.Routez(&server.RoutezOptions{})
+	if err != nil {
+		return 0
+	}
+	peers := map[string]bool{}
+	for _, r := range rz.Routes {
+		peers[r.RemoteName] = true
+	}
+	return len(peers)
+}

@@ -1,0 +1,218 @@
+package prove
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
+	"github.com/ferryhq/ferry/internal/faultproxy"
+)
+
+// BrokerNATSCluster is the --broker value that makes prove run its own
+// 3-node JetStream cluster (in process, loopback ports, one store dir per
+// node) with every stream at 3 replicas.
+const BrokerNATSCluster = "nats-cluster"
+
+// clusterNodes is the cluster's size; streams are replicated to all.
+const clusterNodes = 3
+
+// natsCluster is the stack's cluster: the nodes, and one fault proxy per
+// ordered pair of nodes carrying that pair's route connections, so that
+// cutting a node off is a matter of its proxies alone.
+type natsCluster struct {
+	c       *natsembed.Cluster
+	proxies map[[2]int]*faultproxy.Proxy // [from, to]
+}
+
+func startNATSCluster() (*natsCluster, error) {
+	nc := &natsCluster{proxies: map[[2]int]*faultproxy.Proxy{}}
+	c, err := natsembed.StartCluster(clusterNodes, "ferry-prove", func(from, to int, addr string) (string, error) {
+		p, err := faultproxy.New(addr)
+		if err != nil {
+			return "", err
+		}
+		nc.proxies[[2]int{from, to}] = p
+		return p.Addr(), nil
+	})
+	if err != nil {
+		nc.closeProxies()
+		return nil, fmt.Errorf("prove: nats cluster: %w", err)
+	}
+	nc.c = c
+	return nc, nil
+}
+
+// isolate cuts node off from every other node: its route connections are
+// reset and new ones black-holed, in both directions. Clients still reach
+// it on its client port (the minority side of a partition).
+func (nc *natsCluster) isolate(node int) {
+	for k, p := range nc.proxies {
+		if k[0] == node || k[1] == node {
+			p.Set(faultproxy.Blackhole)
+			p.ResetAll()
+		}
+	}
+}
+
+// heal lets node's routes through again. Route dials accepted while black
+// holed hang without ever reaching the node, so they are reset to make
+// the nodes dial again.
+func (nc *natsCluster) heal(node int) {
+	for k, p := range nc.proxies {
+		if k[0] == node || k[1] == node {
+			p.Set(faultproxy.Pass)
+			p.ResetAll()
+		}
+	}
+}
+
+func (nc *natsCluster) closeProxies() {
+	for _, p := range nc.proxies {
+		_ = p.Close()
+	}
+}
+
+func (nc *natsCluster) close() {
+	if nc.c != nil {
+		_ = nc.c.Close()
+	}
+	nc.closeProxies()
+}
+
+// createReplicated makes the scenario's stream with a replica on every
+// node, and the consumer's durable (which inherits the replicas).
+func (s *natsStream) createReplicated(ctx context.Context) error {
+	nc, js, err := natsConnect(s.url, "ferry-prove-admin")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: s.name, Subjects: []string{s.name + ".>"}, Storage: jetstream.FileStorage,
+		Duplicates: 2 * time.Minute, Replicas: clusterNodes,
+	}); err != nil {
+		return fmt.Errorf("prove: create replicated stream %s: %w", s.name, err)
+	}
+	// Same durable config as create's; createReplayConsumer makes exactly it.
+	return s.createReplayConsumer(ctx, "prove")
+}
+
+// streamLeader is the server name of the stream's current leader.
+func streamLeader(ctx context.Context, url, stream string) (string, error) {
+	nc, js, err := natsConnect(url, "ferry-prove-checker")
+	if err != nil {
+		return "", err
+	}
+	defer nc.Close()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return "", fmt.Errorf("prove: stream %s: %w", stream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return "", fmt.Errorf("prove: stream info: %w", err)
+	}
+	if info.Cluster == nil || info.Cluster.Leader == "" {
+		return "", errors.New("prove: stream has no leader")
+	}
+	return info.Cluster.Leader, nil
+}
+
+// waitLeader polls until the stream has a leader other than not (""
+// accepts any), within limit.
+func waitLeader(ctx context.Context, url, stream, not string, limit time.Duration) (string, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		l, err := streamLeader(ctx, url, stream)
+		if err == nil && l != not {
+			return l, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return "", fmt.Errorf("prove: no new stream leader within %s (last: %q, %v)", limit, l, err)
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+}
+
+// Cluster faults (scenario.clusterFault).
+const (
+	clusterLeaderKill = "leader-kill"
+	clusterPartition  = "partition"
+)
+
+// clusterFaultHold is how long the fault lasts before the node is
+// restarted or the partition healed.
+const clusterFaultHold = 2 * time.Second
+
+// runClusterFault injects the scenario's cluster fault against the
+// current leader of the scenario's stream while the producers commit and
+// the relay publishes: leader-kill shuts the leader's server down (no
+// graceful leadership transfer: clients see their connection drop) and
+// restarts it on the same ports and store; partition cuts the leader's
+// routes to both other nodes (it keeps its clients) and heals them. It
+// returns what happened, for the report, and an error when the fault
+// could not be placed or the cluster did not recover.
+func runClusterFault(ctx context.Context, e *env, kind string) (string, error) {
+	nc := e.st.cluster
+	s, ok := e.tr.(*natsStream)
+	if nc == nil || !ok {
+		return "", errors.New("prove: cluster fault without a nats cluster")
+	}
+	old, err := waitLeader(ctx, s.url, s.name, "", 10*time.Second)
+	if err != nil {
+		return "", err
+	}
+	node := nc.c.NodeByName(old)
+	if node < 0 {
+		return "", fmt.Errorf("prove: leader %q is not a node of the cluster", old)
+	}
+	e.faults.Add(1)
+	switch kind {
+	case clusterLeaderKill:
+		nc.c.Nodes[node].Shutdown()
+		newLeader, lerr := waitLeader(ctx, s.url, s.name, old, 15*time.Second)
+		sleepCtx(ctx, clusterFaultHold)
+		if err := nc.c.Nodes[node].Restart(); err != nil {
+			return "", fmt.Errorf("prove: restart %s: %w", old, err)
+		}
+		if lerr != nil {
+			return "", lerr
+		}
+		if err := nc.c.WaitReady(20 * time.Second); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("stream leader %s shut down, %s took over, %s restarted", old, newLeader, old), nil
+	case clusterPartition:
+		nc.isolate(node)
+		newLeader, lerr := waitLeader(ctx, s.url, s.name, old, 15*time.Second)
+		sleepCtx(ctx, clusterFaultHold)
+		nc.heal(node)
+		if lerr != nil {
+			return "", lerr
+		}
+		if err := nc.c.WaitReady(20 * time.Second); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("stream leader %s cut off from the other nodes, %s took over, partition healed", old, newLeader), nil
+	}
+	return "", fmt.Errorf("prove: unknown cluster fault %q", kind)
+}
+
+func needsNATSCluster(st *stack, _ *config) string {
+	if st.cluster == nil {
+		return "needs the in-process NATS cluster (--broker " + BrokerNATSCluster + ")"
+	}
+	return ""
+}
+
+// clusterFaultBit checks the cluster fault fired during the run.
+func clusterFaultBit(e *env, f *Figures, _ *truth) []string {
+	if f.FaultsInjected != 1 {
+		return []string{fmt.Sprintf("%d cluster faults fired, want 1", f.FaultsInjected)}
+	}
+	return nil
+}
