@@ -167,6 +167,9 @@ func New[TTx any](drv driver.Driver[TTx], opts ...Option) (*Writer[TTx], error) 
 	case driver.SQLite:
 		w.insert = sqliteInsertSQL(cfg.tables)
 		w.seq = sqliteSeqSQL(cfg.tables)
+	case driver.MySQL:
+		w.insert = mysqlInsertSQL(cfg.tables, 1)
+		w.seq = mysqlSeqSQL(cfg.tables)
 	default:
 		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", drv.Dialect())}
 	}
@@ -214,6 +217,14 @@ func (w *Writer[TTx]) Insert(ctx context.Context, events ...ferry.Event) ([]ferr
 //     statements are not interrupted mid-way (SQLite would roll back all of
 //     tx); ctx is checked between them. If the rollback itself fails, the
 //     error says to roll tx back.
+//     On MySQL/MariaDB the call also runs under a savepoint, rolled back
+//     on error, so tx is usable and holds what it held before; ctx is
+//     checked between statements, and a ctx cancelled while a statement
+//     runs closes the connection (the server rolls tx back). Two errors end
+//     tx on the server whatever the savepoint: an InnoDB deadlock (the
+//     error wraps driver.ErrDeadlock; InnoDB rolled back all of tx, the
+//     caller's writes with the events, so retry the whole transaction) and
+//     a lock wait timeout (driver.ErrLockTimeout; roll tx back and retry).
 //     On Postgres the failed statement aborts tx (a cancelled ctx may also
 //     close its connection): it can only be rolled back, its Commit fails,
 //     and nothing of tx is kept. The exception is a call with
@@ -280,8 +291,8 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 		return nil, err
 	}
 	switch {
-	case exec.Dialect() == driver.SQLite:
-		// SQLite writes a call in several statements and a failed
+	case exec.Dialect() == driver.SQLite, exec.Dialect() == driver.MySQL:
+		// SQLite and MySQL write a call in several statements and a failed
 		// statement does not end the transaction: run the call under a
 		// savepoint so that any error (a duplicate id, a cancelled context,
 		// a version mismatch) undoes the sequence bumps and rows it made.
@@ -403,6 +414,8 @@ func (w *Writer[TTx]) write(ctx context.Context, exec driver.Executor, events []
 		err = w.writePostgres(ctx, exec, events)
 	case driver.SQLite:
 		err = w.writeSQLite(ctx, exec, events, plan)
+	case driver.MySQL:
+		err = w.writeMySQL(ctx, exec, events, plan)
 	default:
 		err = fmt.Errorf("outbox: unsupported dialect %q", exec.Dialect())
 	}

@@ -129,6 +129,21 @@ func (e *executor) Exec(ctx context.Context, query string, args ...any) (int64, 
 	return n, nil
 }
 
+// ExecResult runs a statement and returns database/sql's result, for the
+// MySQL writer, which reads the LAST_INSERT_ID(expr) its sequence upsert
+// sets from the statement's reply instead of asking in another round trip.
+func (e *executor) ExecResult(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	query, args, err := e.rebind(query, args)
+	if err != nil {
+		return nil, err
+	}
+	res, err := e.q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return nil, e.d.mapError(err)
+	}
+	return res, nil
+}
+
 func (e *executor) Query(ctx context.Context, query string, args ...any) (driver.Rows, error) {
 	query, args, err := e.rebind(query, args)
 	if err != nil {

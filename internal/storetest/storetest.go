@@ -43,7 +43,11 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T) Harness[TTx]) {
 		if _, err := migrate.Up(ctx, h.Driver, h.Tables); err != nil {
 			t.Fatalf("migrate up: %v", err)
 		}
-		if _, err := h.Driver.Executor().Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, tenant text NOT NULL)`); err != nil {
+		orders := `CREATE TABLE orders (id text PRIMARY KEY, tenant text NOT NULL)`
+		if h.Driver.Dialect() == driver.MySQL { // a key cannot be text there
+			orders = `CREATE TABLE orders (id varchar(255) PRIMARY KEY, tenant varchar(255) NOT NULL)`
+		}
+		if _, err := h.Driver.Executor().Exec(ctx, orders); err != nil {
 			t.Fatalf("create orders: %v", err)
 		}
 		w, err := outbox.New(h.Driver, append([]outbox.Option{outbox.WithTables(h.Tables)}, opts...)...)
@@ -499,9 +503,13 @@ type Row struct {
 // ReadOutbox returns every outbox row in id order.
 func ReadOutbox(t testing.TB, exec driver.Executor, tables ferry.Tables) []Row {
 	t.Helper()
-	q := fmt.Sprintf(`SELECT CAST(event_id AS text), tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
+	eventID := "CAST(event_id AS text)"
+	if exec.Dialect() == driver.MySQL {
+		eventID = "event_id"
+	}
+	q := fmt.Sprintf(`SELECT %s, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
 		topic, shard, shard_count, content_type, payload, status, traceparent, correlation_id, principal, action, target
-		FROM %s ORDER BY id`, tables.Name("outbox"))
+		FROM %s ORDER BY id`, eventID, tables.Name("outbox"))
 	rows, err := exec.Query(context.Background(), q)
 	if err != nil {
 		t.Fatalf("read outbox: %v", err)
