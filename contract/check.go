@@ -56,7 +56,7 @@ func (c Change) String() string {
 	return fmt.Sprintf("%s%s: %s at %s: %s [breaks %s]", c.Key, than, c.Rule, p, c.Detail, c.Breaks)
 }
 
-// Check compares old and new contract sets. A version in both with a
+// Check compares old and new contract sets (local $refs are followed). A version in both with a
 // different schema is "version-reused" and a version in old missing from
 // new is "version-removed" (both break in every mode). A version only in
 // new is compared with the highest lower version of its event type (in new,
@@ -85,7 +85,8 @@ func Check(old, new *Set, mode Mode) []Change {
 		if prev == nil {
 			continue // a new event type: nothing to break
 		}
-		out = append(out, diff(prev.Doc, new.byKey[k].Doc, "", k, prev.Version, mode)...)
+		d := differ{k: k, than: prev.Version, mode: mode, oroot: prev.Doc, nroot: new.byKey[k].Doc}
+		out = append(out, d.diff(prev.Doc, new.byKey[k].Doc, "", 0)...)
 	}
 	return out
 }
@@ -107,9 +108,42 @@ func obj(v any) map[string]any {
 
 func applies(breaks, mode Mode) bool { return mode == Full || breaks == mode }
 
+// differ compares two schema documents; local $refs ("#/$defs/…") are
+// followed in their own document.
+type differ struct {
+	k            Key
+	than         int
+	mode         Mode
+	oroot, nroot any
+}
+
+// deref follows local $refs of node in root (bounded, for cycles).
+func deref(root any, node map[string]any) map[string]any {
+	for i := 0; i < 16 && node != nil; i++ {
+		ref, ok := node["$ref"].(string)
+		if !ok || !strings.HasPrefix(ref, "#") {
+			return node
+		}
+		var cur any = root
+		for _, part := range strings.Split(strings.TrimPrefix(strings.TrimPrefix(ref, "#"), "/"), "/") {
+			if part == "" {
+				continue
+			}
+			part = strings.NewReplacer("~1", "/", "~0", "~").Replace(part)
+			cur = obj(cur)[part]
+		}
+		node = obj(cur)
+	}
+	return node
+}
+
 // diff compares two schema nodes.
-func diff(o, n any, path string, k Key, than int, mode Mode) []Change {
-	om, nm := obj(o), obj(n)
+func (d differ) diff(o, n any, path string, depth int) []Change {
+	if depth > 32 {
+		return nil
+	}
+	k, than, mode := d.k, d.than, d.mode
+	om, nm := deref(d.oroot, obj(o)), deref(d.nroot, obj(n))
 	if om == nil || nm == nil {
 		return nil
 	}
@@ -173,12 +207,12 @@ func diff(o, n any, path string, k Key, than int, mode Mode) []Change {
 	oprops := obj(om["properties"])
 	for _, name := range sortedKeys(keys(oprops)) {
 		if np, ok := nprops[name]; ok {
-			out = append(out, diff(oprops[name], np, path+"/properties/"+escape(name), k, than, mode)...)
+			out = append(out, d.diff(oprops[name], np, path+"/properties/"+escape(name), depth+1)...)
 		}
 	}
 	if oi, ok := om["items"]; ok {
 		if ni, ok := nm["items"]; ok {
-			out = append(out, diff(oi, ni, path+"/items", k, than, mode)...)
+			out = append(out, d.diff(oi, ni, path+"/items", depth+1)...)
 		}
 	}
 	return out

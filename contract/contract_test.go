@@ -138,6 +138,18 @@ func TestCheckRules(t *testing.T) {
 	}
 }
 
+// Local $refs are followed: a narrowed type behind "#/$defs/…" is found.
+func TestCheckFollowsLocalRefs(t *testing.T) {
+	v1 := `{"$defs":{"money":{"type":"number"}},"type":"object","properties":{"total":{"$ref":"#/$defs/money"}}}`
+	v2 := `{"$defs":{"money":{"type":"integer"}},"type":"object","properties":{"total":{"$ref":"#/$defs/money"}}}`
+	_, old := writeSet(t, map[string]string{"e/v1.json": v1})
+	_, nw := writeSet(t, map[string]string{"e/v1.json": v1, "e/v2.json": v2})
+	got := Check(old, nw, Backward)
+	if len(got) != 1 || got[0].Rule != "narrowed-type" || got[0].Path != "/properties/total" {
+		t.Fatalf("changes = %v, want narrowed-type at /properties/total", got)
+	}
+}
+
 func TestCheckVersionReusedAndRemoved(t *testing.T) {
 	_, old := writeSet(t, map[string]string{"e/v1.json": `{"type":"object"}`, "f/v1.json": `{}`})
 	_, nw := writeSet(t, map[string]string{"e/v1.json": `{"type":"object","required":["x"]}`})
