@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +22,8 @@ import (
 	"github.com/ferryhq/ferry/broker/cloudevents"
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
+	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
@@ -35,13 +38,61 @@ const topicPrefix = "relaytest"
 type store struct {
 	db     DB
 	pool   *pgxpool.Pool // Postgres only
-	sqlDB  *sql.DB       // SQLite only
+	sqlDB  *sql.DB       // SQLite and MySQL
 	schema string        // Postgres only
-	url    string        // Postgres only
+	url    string        // Postgres and MySQL
 	shards int
 	insert func(ctx context.Context, events ...ferry.Event) ([]ferry.Event, error)
 	// pgInsertTx writes in a caller's pgx transaction (Postgres only).
 	pgInsertTx func(ctx context.Context, tx pgx.Tx, events ...ferry.Event) ([]ferry.Event, error)
+	// begin opens a producer transaction (Postgres and MySQL).
+	begin func(ctx context.Context) (*producerTx, error)
+}
+
+// producerTx is a caller's open transaction with an outbox writer on it.
+type producerTx struct {
+	insert   func(ctx context.Context, events ...ferry.Event) ([]ferry.Event, error)
+	commit   func(ctx context.Context) error
+	rollback func(ctx context.Context) error
+}
+
+// stores are the server stores the relay tests run on: the same test
+// function on each.
+var serverStores = []struct {
+	name string
+	new  func(t testing.TB, shards int, extra ...outbox.Option) *store
+}{
+	{"postgres", newPGStore},
+	{"mysql", newMySQLStore},
+}
+
+func newMySQLStore(t testing.TB, shards int, extra ...outbox.Option) *store {
+	t.Helper()
+	d := testenv.NewMySQLDatabase(t)
+	drv := mysql.New(d.DB)
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	w, err := outbox.New(drv, writerOpts(shards, extra...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &store{db: drv, sqlDB: d.DB, url: d.URL, shards: shards, insert: w.Insert}
+	s.begin = func(ctx context.Context) (*producerTx, error) {
+		tx, err := d.DB.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		return &producerTx{
+			insert: func(ctx context.Context, events ...ferry.Event) ([]ferry.Event, error) {
+				return w.InsertTx(ctx, tx, events...)
+			},
+			commit:   func(context.Context) error { return tx.Commit() },
+			rollback: func(context.Context) error { return tx.Rollback() },
+		}, nil
+	}
+	return s
 }
 
 func writerOpts(shards int, extra ...outbox.Option) []outbox.Option {
@@ -61,7 +112,20 @@ func newPGStore(t testing.TB, shards int, extra ...outbox.Option) *store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &store{db: drv, pool: s.Pool, schema: s.Schema, url: s.URL, shards: shards, insert: w.Insert, pgInsertTx: w.InsertTx}
+	st := &store{db: drv, pool: s.Pool, schema: s.Schema, url: s.URL, shards: shards, insert: w.Insert, pgInsertTx: w.InsertTx}
+	st.begin = func(ctx context.Context) (*producerTx, error) {
+		tx, err := s.Pool.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &producerTx{
+			insert: func(ctx context.Context, events ...ferry.Event) ([]ferry.Event, error) {
+				return w.InsertTx(ctx, tx, events...)
+			},
+			commit: tx.Commit, rollback: tx.Rollback,
+		}, nil
+	}
+	return st
 }
 
 func newSQLiteStore(t testing.TB, shards int) *store {
@@ -113,7 +177,8 @@ type rowStatus struct {
 func (s *store) rows(t testing.TB) map[string]rowStatus {
 	t.Helper()
 	rows, err := s.db.Executor().Query(context.Background(),
-		`SELECT CAST(event_id AS TEXT), status, last_error, broker_receipt, attempts FROM ferry_outbox`)
+		strings.Replace(`SELECT CAST(event_id AS TEXT), status, last_error, broker_receipt, attempts FROM ferry_outbox`,
+			"TEXT", map[bool]string{true: "CHAR", false: "TEXT"}[s.db.Dialect() == driver.MySQL], 1))
 	if err != nil {
 		t.Fatal(err)
 	}

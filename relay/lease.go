@@ -170,6 +170,9 @@ func (r *Relay) liveInstances(ctx context.Context) (live, mismatched int, err er
 
 // leaseRows runs a lease statement returning (shard, fence) rows.
 func (r *Relay) leaseRows(ctx context.Context, sql string, args ...any) (map[int]int64, error) {
+	if r.q.mysqlLeases != nil {
+		return r.mysqlLeaseRows(ctx, sql, args...)
+	}
 	rows, err := r.db.Executor().Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err

@@ -21,7 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.Announce("relay", testenv.Postgres, testenv.NATS, testenv.RabbitMQ)
+	testenv.Announce("relay", testenv.Postgres, testenv.MySQL, testenv.NATS, testenv.RabbitMQ)
 	goleak.VerifyTestMain(m, testenv.KnownLibraryLeaks()...)
 }
 
@@ -29,12 +29,15 @@ func TestMain(m *testing.M) {
 // committed event reaches the broker once, in order, and its row is
 // marked sent with the broker's receipt.
 func TestPublishesAndMarks(t *testing.T) {
-	for _, name := range []string{"postgres", "sqlite"} {
+	for _, name := range []string{"postgres", "mysql", "sqlite"} {
 		t.Run(name, func(t *testing.T) {
 			var s *store
-			if name == "postgres" {
+			switch name {
+			case "postgres":
 				s = newPGStore(t, 4)
-			} else {
+			case "mysql":
+				s = newMySQLStore(t, 4)
+			default:
 				s = newSQLiteStore(t, 4)
 			}
 			n := startEmbeddedNATS(t)
@@ -82,17 +85,22 @@ func TestPublishesAndMarks(t *testing.T) {
 // after higher ids were published. Claiming by status (not "id > last
 // seen") publishes it anyway.
 func TestLateCommitIsPublished(t *testing.T) {
-	s := newPGStore(t, 1)
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testLateCommitIsPublished(t, st.new(t, 1)) })
+	}
+}
+
+func testLateCommitIsPublished(t *testing.T, s *store) {
 	n := startEmbeddedNATS(t)
 	ctx := context.Background()
 
 	// The late transaction takes its id first and stays open.
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx)
-	late, err := s.pgInsertTx(ctx, tx, ev("late", "x"))
+	defer tx.rollback(ctx) //nolint:errcheck
+	late, err := tx.insert(ctx, ev("late", "x"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +114,7 @@ func TestLateCommitIsPublished(t *testing.T) {
 	if got := len(n.read(t)); got != 20 {
 		t.Fatalf("broker holds %d messages before the late commit, want 20", got)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, "the late row sent", func() bool { return s.count(t, "sent") == 21 })
@@ -116,7 +124,12 @@ func TestLateCommitIsPublished(t *testing.T) {
 // TestRollbackPublishesNothing: G1 end to end. A rolled-back producer
 // transaction's event never reaches the broker.
 func TestRollbackPublishesNothing(t *testing.T) {
-	s := newPGStore(t, 2)
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testRollbackPublishesNothing(t, st.new(t, 2)) })
+	}
+}
+
+func testRollbackPublishesNothing(t *testing.T, s *store) {
 	n := startEmbeddedNATS(t)
 	ctx := context.Background()
 	r, err := New(s.db, n.publisher(t), fastOpts(2)...)
@@ -127,22 +140,22 @@ func TestRollbackPublishesNothing(t *testing.T) {
 	var committed []ferry.Event
 	var rolledBack []ferry.Event
 	for i := 0; i < 20; i++ {
-		tx, err := s.pool.Begin(ctx)
+		tx, err := s.begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.pgInsertTx(ctx, tx, ev("acct-"+string(rune('a'+i%4)), "x"))
+		got, err := tx.insert(ctx, ev("acct-"+string(rune('a'+i%4)), "x"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if i%3 == 0 {
-			if err := tx.Rollback(ctx); err != nil {
+			if err := tx.rollback(ctx); err != nil {
 				t.Fatal(err)
 			}
 			rolledBack = append(rolledBack, got...)
 			continue
 		}
-		if err := tx.Commit(ctx); err != nil {
+		if err := tx.commit(ctx); err != nil {
 			t.Fatal(err)
 		}
 		committed = append(committed, got...)
@@ -168,7 +181,12 @@ func TestRollbackPublishesNothing(t *testing.T) {
 // published again (never new ids); JetStream recognises them as
 // duplicates, so nothing is lost and nothing is stored twice.
 func TestCrashBetweenPublishAndMark(t *testing.T) {
-	s := newPGStore(t, 2)
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testCrashBetweenPublishAndMark(t, st.new(t, 2)) })
+	}
+}
+
+func testCrashBetweenPublishAndMark(t *testing.T, s *store) {
 	n := startEmbeddedNATS(t)
 	want := s.produce(t, 40, 5)
 	pub := n.publisher(t)

@@ -37,6 +37,8 @@ type queries struct {
 	claim           string
 	markSent        string
 	markFailed      string
+
+	mysqlLeases map[string]mysqlLease // MySQL: lease statements without RETURNING
 }
 
 // sqliteNow is SQLite's clock in the text format the outbox writer uses
@@ -81,6 +83,8 @@ func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts
 			}
 			return fmt.Sprintf("(SELECT %s FROM json_each(%s)) AS m", strings.Join(sel, ", "), p)
 		}
+	case driver.MySQL:
+		now, plus, rowsOf = mysqlNow, mysqlPlus, mysqlRowsOf
 	default:
 		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", d)}
 	}
@@ -150,8 +154,9 @@ RETURNING shard, fence`, leases, plus("$2"), now, lock)
     o.topic, o.shard, o.content_type, o.payload, o.occurred_at, o.traceparent, o.correlation_id, o.causation_id,
     o.principal, o.action, o.target, o.attempts`
 	shardsIs, shardIs, materialized := "= ANY($1::int[])", "= s.shard", " MATERIALIZED"
-	if d == driver.SQLite {
-		// In-process: one query per shard costs a function call.
+	if d != driver.Postgres {
+		// In-process: one query per shard costs a function call (MySQL:
+		// one statement per owned shard, see mysql.go).
 		shardsIs, shardIs, materialized = "= $1", "= $1", ""
 	}
 	claim := fmt.Sprintf(`WITH blocked AS%[6]s (
@@ -194,6 +199,9 @@ SELECT %[7]s FROM %[8]s (
 		leases, outbox, now)
 	if noFence {
 		fence = "CAST($1 AS TEXT) = CAST($1 AS TEXT)" // keeps $1 typed
+		if d == driver.MySQL {
+			fence = "CAST($1 AS CHAR) = CAST($1 AS CHAR)"
+		}
 	}
 	q.markSent = fmt.Sprintf(`%[6]sUPDATE %[1]s SET status = 'sent', published_at = %[2]s, broker_receipt = m.receipt
 FROM %[3]s%[5]s
@@ -205,6 +213,9 @@ WHERE %[1]s.id = m.id AND %[1]s.status = 'pending' AND %[4]s`,
 FROM %[3]s%[5]s
 WHERE %[1]s.id = m.id AND %[1]s.status = 'pending' AND %[4]s`,
 		outbox, plus("m.delay"), rowsOf("$2", "id", "fence", "delay", "dead", "err", "charge"), fence, async, withAsync)
+	if d == driver.MySQL {
+		mysqlQueries(q, t, now, plus, fence)
+	}
 	return q, nil
 }
 

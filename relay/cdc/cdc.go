@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,6 +110,10 @@ func New(connString string, pub broker.Publisher, opts ...Option) (*Relay, error
 	}
 	if pub == nil {
 		return nil, &ferry.ConfigError{Field: "publisher", Reason: "must not be nil"}
+	}
+	if lc := strings.ToLower(connString); strings.HasPrefix(lc, "mysql://") || strings.HasPrefix(lc, "mariadb://") || strings.Contains(lc, "@tcp(") {
+		return nil, &ferry.ConfigError{Field: "conn_string", Reason: "the CDC relay reads Postgres logical decoding only; " +
+			"on MySQL/MariaDB use the polling relay (relay.New with driver/mysql)"}
 	}
 	if _, err := pgxpool.ParseConfig(connString); err != nil {
 		return nil, &ferry.ConfigError{Field: "conn_string", Reason: "not a valid Postgres connection string: " + dsnError(err)}

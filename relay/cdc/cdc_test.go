@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,6 +48,13 @@ func TestNewValidatesConfig(t *testing.T) {
 				t.Fatalf("New: got %v, want ConfigError on %s", err, c.field)
 			}
 		})
+	}
+	for _, dsn := range []string{"mysql://root@127.0.0.1:3306/test", "root@tcp(127.0.0.1:3306)/test"} {
+		_, err := cdc.New(dsn, pub)
+		var ce *ferry.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "conn_string" || !strings.Contains(ce.Reason, "Postgres logical decoding only") {
+			t.Fatalf("New(%q): got %v, want a ConfigError refusing MySQL", dsn, err)
+		}
 	}
 	if _, err := cdc.New("postgres://localhost/db", nil); err == nil {
 		t.Fatal("New with nil publisher: want error")
