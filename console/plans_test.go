@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/driver"
@@ -25,12 +26,13 @@ type recorder struct {
 type recorded struct {
 	sql  string
 	args []any
+	took time.Duration // until Query returned (the first rows), or Exec
 }
 
-func (r *recorder) add(sql string, args []any) {
+func (r *recorder) add(sql string, args []any, took time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.stmts = append(r.stmts, recorded{sql, append([]any(nil), args...)})
+	r.stmts = append(r.stmts, recorded{sql, append([]any(nil), args...), took})
 }
 
 func (r *recorder) take() []recorded {
@@ -56,13 +58,17 @@ type recExec struct {
 }
 
 func (x recExec) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	x.rec.add(sql, args)
-	return x.Executor.Exec(ctx, sql, args...)
+	t0 := time.Now()
+	n, err := x.Executor.Exec(ctx, sql, args...)
+	x.rec.add(sql, args, time.Since(t0))
+	return n, err
 }
 
 func (x recExec) Query(ctx context.Context, sql string, args ...any) (driver.Rows, error) {
-	x.rec.add(sql, args)
-	return x.Executor.Query(ctx, sql, args...)
+	t0 := time.Now()
+	rows, err := x.Executor.Query(ctx, sql, args...)
+	x.rec.add(sql, args, time.Since(t0))
+	return rows, err
 }
 
 // TestConsolePagePlans: every page of the scale benchmark (200,000-row
@@ -127,6 +133,9 @@ func checkPagePlans(t testing.TB, e *env, pages []scalePage) {
 			t.Fatalf("%s: %d %s", p.path, code, body)
 		}
 		for _, st := range rec.take() {
+			if p.name == "overview" {
+				t.Logf("overview statement took %s: %.160s", st.took.Round(10*time.Microsecond), strings.Join(strings.Fields(st.sql), " "))
+			}
 			if !strings.Contains(st.sql, "ferry_outbox") {
 				continue
 			}

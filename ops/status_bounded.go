@@ -27,7 +27,8 @@ func WithCountCap(n int64) StatusOption {
 // (topic, shard) pairs with unsent rows are found by a loose index scan of
 // outbox_unsent_status_idx (topic, shard, status, created_at,
 // discarded_at), one index probe per pair, and each count reads at most
-// capN+1 entries of that index (index-only); the oldest pending row is the
+// capN+1 entries of that index (index-only): pending, open dead, and all
+// dead (discarded is their difference); the oldest pending row is the
 // first entry of its range. The cost is bounded by pairs × 3 × capN
 // instead of growing with every unsent row.
 func (o *Ops) outboxStatusBounded(ctx context.Context, exec driver.Executor, now time.Time, st *Status, capN int64) error {
@@ -46,7 +47,7 @@ SELECT k.topic, k.shard, %[2]s,
     (SELECT min(x.created_at) FROM %[1]s x WHERE x.status <> 'sent' AND x.topic = k.topic AND x.shard = k.shard AND x.status = 'pending'),
     %[3]s, %[4]s
 FROM k ORDER BY k.topic, k.shard`, t, count("x.status = 'pending'"), count("x.status = 'dead' AND x.discarded_at IS NULL"),
-		count("x.status = 'dead' AND x.discarded_at IS NOT NULL"))
+		count("x.status = 'dead'"))
 	rows, err := exec.Query(ctx, q)
 	if err != nil {
 		return fmt.Errorf("ops: outbox status: %w", err)
@@ -56,11 +57,16 @@ FROM k ORDER BY k.topic, k.shard`, t, count("x.status = 'pending'"), count("x.st
 	for rows.Next() {
 		var s ShardStatus
 		var oldest nullTime
-		var discarded int64
-		if err := rows.Scan(&s.Topic, &s.Shard, &s.Pending, &oldest, &s.Dead, &discarded); err != nil {
+		var allDead int64
+		if err := rows.Scan(&s.Topic, &s.Shard, &s.Pending, &oldest, &s.Dead, &allDead); err != nil {
 			return fmt.Errorf("ops: outbox status: %w", err)
 		}
-		for _, n := range []*int64{&s.Pending, &s.Dead, &discarded} {
+		// Discarded is all dead minus open dead: exact while all dead
+		// are under the cap, else a lower bound. (discarded_at follows
+		// created_at in the index, so counting it directly would read every
+		// dead entry of the shard.)
+		discarded := max(0, min(allDead, capN)-min(s.Dead, capN))
+		for _, n := range []*int64{&s.Pending, &s.Dead, &allDead} {
 			if *n > capN {
 				*n, s.CountsCapped = capN, true
 			}
