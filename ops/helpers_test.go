@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
@@ -28,7 +29,7 @@ type env struct {
 	insert  func(t testing.TB, evs ...ferry.Event) []ferry.Event
 	dialect driver.Dialect
 	pg      *testenv.PostgresSchema // Postgres only
-	sqlDB   *sql.DB                 // SQLite only
+	sqlDB   *sql.DB                 // SQLite and MySQL
 }
 
 var tables = ferry.Tables{}
@@ -56,6 +57,14 @@ func newSQLite(t *testing.T, opts ...ops.Option) *env {
 	db, _ := testenv.NewSQLite(t)
 	e := setup(t, "sqlite", sqlite.New(db), opts...)
 	e.sqlDB = db
+	return e
+}
+
+func newMySQL(t *testing.T, opts ...ops.Option) *env {
+	t.Helper()
+	d := testenv.NewMySQLDatabase(t)
+	e := setup(t, "mysql", mysql.New(d.DB), opts...)
+	e.sqlDB = d.DB
 	return e
 }
 
@@ -95,10 +104,28 @@ func setupTB[TTx any](t testing.TB, name string, drv driver.Driver[TTx], opts ..
 	}
 }
 
-// both runs fn against Postgres and SQLite.
+// both runs fn against Postgres, SQLite and MySQL/MariaDB.
 func both(t *testing.T, fn func(t *testing.T, e *env), opts ...ops.Option) {
 	t.Run("postgres", func(t *testing.T) { fn(t, newPostgres(t, opts...)) })
 	t.Run("sqlite", func(t *testing.T) { fn(t, newSQLite(t, opts...)) })
+	t.Run("mysql", func(t *testing.T) { fn(t, newMySQL(t, opts...)) })
+}
+
+// seqCTE is a WITH clause defining n(i) = 1..count (count <= 1,000,000)
+// on every dialect, recursing at most 100 times: MariaDB's
+// max_recursive_iterations and MySQL's cte_max_recursion_depth stop a
+// recursive CTE at 1,000 by default.
+func seqCTE(count int) string {
+	return fmt.Sprintf(`WITH RECURSIVE d(j) AS (SELECT 0 UNION ALL SELECT j + 1 FROM d WHERE j < 99),
+n(i) AS (SELECT a.j * 10000 + b.j * 100 + c.j + 1 FROM d a CROSS JOIN d b CROSS JOIN d c WHERE a.j * 10000 + b.j * 100 + c.j < %d)`, count)
+}
+
+// cat is the SQL concatenation of the expressions in e's dialect.
+func cat(e *env, exprs ...string) string {
+	if e.dialect == driver.MySQL {
+		return "CONCAT(" + strings.Join(exprs, ", ") + ")"
+	}
+	return strings.Join(exprs, " || ")
 }
 
 func event(agg string, typ string) ferry.Event {
@@ -164,10 +191,25 @@ func snapshot(t testing.TB, e *env, bases ...string) string {
 	var b strings.Builder
 	for _, base := range bases {
 		var q string
-		if e.dialect == driver.Postgres {
-			q = fmt.Sprintf(`SELECT CAST(x.* AS text) FROM (SELECT * FROM %s) x ORDER BY 1`, tn(base))
+		switch e.dialect {
+		case driver.Postgres:
 			q = fmt.Sprintf(`SELECT CAST(x AS text) FROM %s x ORDER BY 1`, tn(base))
-		} else {
+		case driver.MySQL:
+			rows, err := e.exec.Query(ctx, `SELECT column_name FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = $1 ORDER BY ordinal_position`, tables.Bare(base))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cols []string
+			for rows.Next() {
+				var c string
+				if err := rows.Scan(&c); err != nil {
+					t.Fatal(err)
+				}
+				cols = append(cols, "QUOTE("+c+")")
+			}
+			rows.Close()
+			q = fmt.Sprintf(`SELECT CONCAT_WS(',', %s) AS r FROM %s ORDER BY r`, strings.Join(cols, ", "), tn(base))
+		default:
 			rows, err := e.exec.Query(ctx, `SELECT name FROM pragma_table_info($1) ORDER BY cid`, tables.Bare(base))
 			if err != nil {
 				t.Fatal(err)

@@ -20,8 +20,8 @@ func seedParked(t *testing.T, e *env, n int) {
 	t.Helper()
 	now := time.Now().UTC()
 	mustExec(t, e, fmt.Sprintf(`INSERT INTO %s (consumer, reason, park_key, first_seen, last_seen, tenant_id, aggregate_type, aggregate_id, aggregate_seq)
-WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %d)
-SELECT 'billing', 'gap', 'k' || i, $1, $1, 'acme', 'order', 'a' || i, i FROM n`, tn("inbox_parked"), n), now)
+%s
+SELECT 'billing', 'gap', %s, $1, $1, 'acme', 'order', %s, i FROM n`, tn("inbox_parked"), seqCTE(n), cat(e, "'k'", "i"), cat(e, "'a'", "i")), now)
 	mustExec(t, e, fmt.Sprintf(`INSERT INTO %s (consumer, reason, park_key, first_seen, last_seen) VALUES ('shipping', 'gap', 'other', $1, $1)`, tn("inbox_parked")), now)
 }
 
@@ -29,14 +29,17 @@ SELECT 'billing', 'gap', 'k' || i, $1, $1, 'acme', 'order', 'a' || i, i FROM n`,
 func seedFailedEffects(t *testing.T, e *env, n int) {
 	t.Helper()
 	id := "gen_random_uuid()"
-	if e.dialect == driver.SQLite {
+	switch e.dialect {
+	case driver.SQLite:
 		id = "lower(hex(randomblob(16)))"
+	case driver.MySQL:
+		id = "UUID()"
 	}
 	old := time.Now().Add(-time.Hour).UTC()
 	mustExec(t, e, fmt.Sprintf(`INSERT INTO %s (idem_key, consumer, event_id, step, target, operation, request, request_sha, state,
     next_attempt_at, created_at, updated_at, completed_at, last_error)
-WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %d)
-SELECT 'fx_' || i, 'billing', %s, 'charge', 'psp', 'charge', $1, $1, 'failed', $2, $2, $2, $2, 'refused' FROM n`, tn("effects"), n, id), []byte("x"), old)
+%s
+SELECT %s, 'billing', %s, 'charge', 'psp', 'charge', $1, $1, 'failed', $2, $2, $2, $2, 'refused' FROM n`, tn("effects"), seqCTE(n), cat(e, "'fx_'", "i"), id), []byte("x"), old)
 }
 
 // seedDead inserts n outbox rows and marks them dead.

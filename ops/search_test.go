@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/ops"
 )
 
@@ -113,7 +114,10 @@ func TestSearchOutbox(t *testing.T) {
 		// text, "…00.120+00:00"): still every row once, in order.
 		base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		for i, ev := range got {
-			at := base.Add(time.Duration(i/3) * 10 * time.Millisecond).Format("2006-01-02 15:04:05.000+00:00")
+			var at any = base.Add(time.Duration(i/3) * 10 * time.Millisecond).Format("2006-01-02 15:04:05.000+00:00")
+			if e.dialect == driver.MySQL { // DATETIME(6) takes no zone suffix
+				at = base.Add(time.Duration(i/3) * 10 * time.Millisecond)
+			}
 			mustExec(t, e, fmt.Sprintf(`UPDATE %s SET created_at = $1 WHERE event_id = $2`, tn("outbox")), at, ev.ID.String())
 		}
 		tied := all(ops.OutboxQuery{Since: base.Add(-time.Hour), Until: base.Add(time.Hour), Limit: 4})
