@@ -17,6 +17,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
@@ -68,6 +69,9 @@ func newEnv(t testing.TB, dialect string, cfg console.Config) *env {
 		e.pg = s
 		return e
 	}
+	if dialect == "mysql" {
+		return setup(t, dialect, mysql.New(testenv.NewMySQLDatabase(t).DB), cfg)
+	}
 	db, _ := testenv.NewSQLite(t)
 	return setup(t, dialect, sqlite.New(db), cfg)
 }
@@ -111,7 +115,7 @@ func setup[TTx any](t testing.TB, name string, drv driver.Driver[TTx], cfg conso
 }
 
 func both(t *testing.T, cfg console.Config, fn func(t *testing.T, e *env)) {
-	for _, d := range []string{"postgres", "sqlite"} {
+	for _, d := range []string{"postgres", "sqlite", "mysql"} {
 		t.Run(d, func(t *testing.T) { fn(t, newEnv(t, d, cfg)) })
 	}
 }
@@ -156,7 +160,9 @@ func snapshot(t testing.TB, e *env, tables ...string) string {
 	var b strings.Builder
 	for _, tbl := range tables {
 		q := fmt.Sprintf(`SELECT CAST(x AS text) FROM %s x ORDER BY 1`, tbl)
-		if e.dialect != driver.Postgres {
+		if e.dialect == driver.MySQL {
+			q = mysqlSnapshotSQL(t, e, tbl)
+		} else if e.dialect != driver.Postgres {
 			rows, err := e.exec.Query(ctx, `SELECT name FROM pragma_table_info($1) ORDER BY cid`, tbl)
 			if err != nil {
 				t.Fatal(err)
@@ -187,6 +193,25 @@ func snapshot(t testing.TB, e *env, tables ...string) string {
 		rows.Close()
 	}
 	return b.String()
+}
+
+// mysqlSnapshotSQL selects every column of tbl quoted, one text per row.
+func mysqlSnapshotSQL(t testing.TB, e *env, tbl string) string {
+	t.Helper()
+	rows, err := e.exec.Query(context.Background(), `SELECT column_name FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = $1 ORDER BY ordinal_position`, tbl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var cols []string
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		cols = append(cols, "QUOTE("+c+")")
+	}
+	return fmt.Sprintf(`SELECT CONCAT_WS(',', %s) AS r FROM %s ORDER BY r`, strings.Join(cols, ", "), tbl)
 }
 
 // call sends a request with token (none when ""), a JSON body (when not
