@@ -24,6 +24,6 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	testenv.Announce("cmd/ferry", testenv.Postgres, testenv.NATS, testenv.RabbitMQ)
+	testenv.Announce("cmd/ferry", testenv.Postgres, testenv.MySQL, testenv.NATS, testenv.RabbitMQ)
 	os.Exit(m.Run())
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/pgxv5"
-	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/ops"
 	"github.com/ferryhq/ferry/outbox"
@@ -24,6 +23,7 @@ func TestOpsCommandsCLI(t *testing.T) {
 	for name, url := range map[string]string{
 		"sqlite":   "sqlite:" + sqlitePath,
 		"postgres": testenv.NewPostgresSchema(t).URL,
+		"mysql":    testenv.NewMySQLDatabase(t).URL,
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
@@ -50,7 +50,7 @@ func TestOpsCommandsCLI(t *testing.T) {
 					t.Fatal(err)
 				}
 			} else {
-				w, err := outbox.New(sqlite.New(s.db))
+				w, err := outbox.New(s.sql) // SQLite's or MySQL's databasesql driver
 				if err != nil {
 					t.Fatal(err)
 				}

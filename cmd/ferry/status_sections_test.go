@@ -65,6 +65,7 @@ func TestStatusCLIMissingTable(t *testing.T) {
 	for name, url := range map[string]string{
 		"sqlite":   "sqlite:" + filepath.Join(t.TempDir(), "status.db"),
 		"postgres": testenv.NewPostgresSchema(t).URL,
+		"mysql":    testenv.NewMySQLDatabase(t).URL,
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
