@@ -40,7 +40,9 @@ type Writer[TTx any] struct {
 	cfg       config
 	insert    string // the dialect's insert statement, rendered once
 	insertOne string // Postgres: the single-event form
-	seq       string // SQLite: the sequence upsert
+	seq       string // SQLite, MySQL: the sequence upsert
+	// MySQL: undo a sequence upsert of a failed call (insertMySQLFast).
+	seqUndoUpdate, seqUndoDelete string
 
 	// Postgres, caller-supplied versions of one aggregate, keyed by
 	// "creates the aggregate" (expected version 0): the multi- and
@@ -170,6 +172,7 @@ func New[TTx any](drv driver.Driver[TTx], opts ...Option) (*Writer[TTx], error) 
 	case driver.MySQL:
 		w.insert = mysqlInsertSQL(cfg.tables, 1)
 		w.seq = mysqlSeqSQL(cfg.tables)
+		w.seqUndoUpdate, w.seqUndoDelete = mysqlSeqUndoSQL(cfg.tables)
 	default:
 		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", drv.Dialect())}
 	}
@@ -291,6 +294,10 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 		return nil, err
 	}
 	switch {
+	case exec.Dialect() == driver.MySQL && !plan.expected && mysqlOneChunk(out):
+		// MySQL, the common call: no savepoint, the call undoes its own
+		// sequence upserts if its INSERT fails.
+		return w.insertMySQLFast(ctx, exec, out, plan)
 	case exec.Dialect() == driver.SQLite, exec.Dialect() == driver.MySQL:
 		// SQLite and MySQL write a call in several statements and a failed
 		// statement does not end the transaction: run the call under a
@@ -415,7 +422,7 @@ func (w *Writer[TTx]) write(ctx context.Context, exec driver.Executor, events []
 	case driver.SQLite:
 		err = w.writeSQLite(ctx, exec, events, plan)
 	case driver.MySQL:
-		err = w.writeMySQL(ctx, exec, events, plan)
+		err = w.writeMySQL(ctx, exec, events, plan, nil)
 	default:
 		err = fmt.Errorf("outbox: unsupported dialect %q", exec.Dialect())
 	}
