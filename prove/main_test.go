@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	testenv.Announce("prove", testenv.Postgres, testenv.NATS, testenv.RabbitMQ)
+	testenv.Announce("prove", testenv.Postgres, testenv.MySQL, testenv.NATS, testenv.RabbitMQ)
 	goleak.VerifyTestMain(m, append(testenv.KnownLibraryLeaks(),
 		// nats-server and pgx keep package-level background goroutines.
 		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
