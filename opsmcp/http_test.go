@@ -23,6 +23,8 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
+	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
@@ -43,10 +45,25 @@ import (
 // whose row changed after the preview is refused with the difference; a
 // one-row retry within the policy is approved by the policy at once.
 func TestHTTPApprovalFlow(t *testing.T) {
+	t.Run("postgres", func(t *testing.T) {
+		pg := testenv.NewPostgresSchema(t)
+		httpApprovalFlow(t, pgxv5.New(pg.Pool), pg.URL)
+	})
+	t.Run("mysql", func(t *testing.T) {
+		d := testenv.NewMySQLDatabase(t)
+		httpApprovalFlow(t, mysql.New(d.DB), d.URL)
+	})
+}
+
+// storeDriver is a Ferry driver the relay and ops also take.
+type storeDriver[TTx any] interface {
+	driver.Driver[TTx]
+	Begin(ctx context.Context) (driver.Tx, error)
+}
+
+func httpApprovalFlow[TTx any, D storeDriver[TTx]](t *testing.T, drv D, dbURL string) {
 	bin := ferryBinary(t)
 	ctx := context.Background()
-	pg := testenv.NewPostgresSchema(t)
-	drv := pgxv5.New(pg.Pool)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		t.Fatal(err)
 	}
@@ -64,13 +81,13 @@ func TestHTTPApprovalFlow(t *testing.T) {
 		evs = append(evs, e...)
 	}
 	for _, e := range evs {
-		if _, err := pg.Pool.Exec(ctx, `UPDATE ferry_outbox SET status = 'dead', attempts = 25, last_error = 'no stream captured the subject' WHERE event_id = $1`, e.ID); err != nil {
+		if _, err := drv.Executor().Exec(ctx, `UPDATE ferry_outbox SET status = 'dead', attempts = 25, last_error = 'no stream captured the subject' WHERE event_id = $1`, e.ID.String()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	status := func(id string) string {
 		var s string
-		if err := pg.Pool.QueryRow(ctx, `SELECT status FROM ferry_outbox WHERE event_id = $1`, id).Scan(&s); err != nil {
+		if _, err := driver.QueryRow(ctx, drv.Executor(), `SELECT status FROM ferry_outbox WHERE event_id = $1`, []any{id}, &s); err != nil {
 			t.Fatal(err)
 		}
 		return s
@@ -206,7 +223,7 @@ func TestHTTPApprovalFlow(t *testing.T) {
 	// A human approves with the CLI.
 	approve := func(id int64) (string, error) {
 		out, err := exec.Command(bin, "approvals", "approve", strconv.FormatInt(id, 10), "--reason", "checked the stream", "--actor", "alice",
-			"--database-url", pg.URL).CombinedOutput()
+			"--database-url", dbURL).CombinedOutput()
 		return string(out), err
 	}
 	if out, err := approve(req.Request.ID); err != nil || !strings.Contains(out, "executed") {
@@ -231,7 +248,7 @@ func TestHTTPApprovalFlow(t *testing.T) {
 	if res.IsError {
 		t.Fatal(errText(res))
 	}
-	if _, err := pg.Pool.Exec(ctx, `UPDATE ferry_outbox SET status = 'pending', attempts = 0 WHERE event_id = $1`, evs[2].ID); err != nil {
+	if _, err := drv.Executor().Exec(ctx, `UPDATE ferry_outbox SET status = 'pending', attempts = 0 WHERE event_id = $1`, evs[2].ID.String()); err != nil {
 		t.Fatal(err) // someone else retried it meanwhile
 	}
 	waitFor(t, "the other retry published", func() bool { return status(evs[2].ID.String()) == "sent" })
@@ -253,7 +270,7 @@ func TestHTTPApprovalFlow(t *testing.T) {
 	}
 	waitFor(t, "the policy-approved retry published", func() bool { return status(evs[3].ID.String()) == "sent" })
 	var audited int
-	if err := pg.Pool.QueryRow(ctx, `SELECT count(*) FROM ferry_ops_audit WHERE action LIKE 'approval.%'`).Scan(&audited); err != nil || audited < 7 {
+	if _, err := driver.QueryRow(ctx, drv.Executor(), `SELECT count(*) FROM ferry_ops_audit WHERE action LIKE 'approval.%'`, nil, &audited); err != nil || audited < 7 {
 		t.Fatalf("approval audit rows: %d %v", audited, err)
 	}
 }
