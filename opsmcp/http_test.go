@@ -232,7 +232,10 @@ func httpApprovalFlow[TTx any, D storeDriver[TTx]](t *testing.T, drv D, dbURL st
 	waitFor(t, "both dead letters retried and published", func() bool {
 		return status(evs[0].ID.String()) == "sent" && status(evs[1].ID.String()) == "sent"
 	})
-	ev, _ := call[opsmcp.EvidenceOut](t, agent, tools, "evidence", map[string]any{"event_id": evs[0].ID.String()})
+	ev, evRes := call[opsmcp.EvidenceOut](t, agent, tools, "evidence", map[string]any{"event_id": evs[0].ID.String()})
+	if len(ev.Events) != 1 {
+		t.Fatalf("evidence after approval: %d events: %s", len(ev.Events), errText(evRes))
+	}
 	if ev.Events[0].Published.Verdict != opsmcp.VerdictPublished {
 		t.Fatalf("evidence after approval: %+v", ev.Events[0].Published)
 	}
