@@ -1,5 +1,5 @@
 // Package producebench measures what the outbox costs a producer on
-// Postgres: (a) a business transaction alone, (b) the same plus a
+// Postgres (Runner) and on MySQL/MariaDB (MySQLRunner): (a) a business transaction alone, (b) the same plus a
 // hand-written outbox INSERT, (c) the same through Ferry's writer with
 // per-aggregate sequencing. It backs both `go test -bench` in outbox/ and
 // `ferry bench produce`.
