@@ -8,6 +8,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.Announce("outbox", testenv.Postgres)
+	testenv.Announce("outbox", testenv.Postgres, testenv.MySQL)
 	os.Exit(m.Run())
 }

@@ -8,6 +8,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.Announce("internal/producebench", testenv.Postgres)
+	testenv.Announce("internal/producebench", testenv.Postgres, testenv.MySQL)
 	os.Exit(m.Run())
 }
