@@ -35,9 +35,10 @@ const relayPublishTimeout = 4 * relayTTL
 // relayFaults are the in-process fault points prove drives through the
 // real relay's relay.Faults hooks.
 type relayFaults struct {
-	pause         *atomic.Bool // first batch stalls 3 lease periods
-	markBeforeAck bool         // emulate the broken build through the hook
-	stopOnce      *atomic.Bool // freeze the whole process before the first publish
+	pause         *atomic.Bool     // first batch stalls 3 lease periods
+	markBeforeAck bool             // emulate the broken build through the hook
+	stopOnce      *atomic.Bool     // freeze the whole process before the first publish
+	clock         func() time.Time // relay.WithClock (relay-clock-skew, skew.go); nil: time.Now
 }
 
 // runRealRelay runs one instance of the real relay (package relay) until
@@ -92,7 +93,7 @@ func (e *env) runRealRelay(ctx context.Context, name string, rf relayFaults) err
 		relay.WithBackoff(20*time.Millisecond, time.Second), relay.WithProbe(50*time.Millisecond, time.Second),
 		relay.WithPublishTimeout(relayPublishTimeout), relay.WithBatchSize(200),
 		relay.WithLogger(e.log), relay.WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"prove_instance": id}, e.reg)),
-		relay.WithFaults(faults))
+		relay.WithFaults(faults), relay.WithClock(rf.clock))
 	if err != nil {
 		return fmt.Errorf("prove: relay: %w", err)
 	}

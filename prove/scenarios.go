@@ -46,6 +46,7 @@ type scenario struct {
 	cdcConfirmEarly     bool          // the CDC control: confirm the LSN before the rows are marked sent
 	throttle            time.Duration // pause per producer transaction, to spread the workload over the faults
 	clusterFault        string        // --broker nats-cluster: clusterLeaderKill or clusterPartition (cluster.go)
+	skew                bool          // each package relay reads a skewed or stepping clock (skew.go)
 	notAvailable        func(*stack, *config) string
 
 	// extra checks after the common ones.
@@ -188,6 +189,14 @@ func allScenarios() []*scenario {
 		{name: "nats-partition", desc: "3-node JetStream cluster: the stream leader is cut off from both other nodes (fault proxies on the routes) while publishing, then healed",
 			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, clusterFault: clusterPartition, throttle: 30 * time.Millisecond,
 			notAvailable: needsNATSCluster, extra: clusterFaultBit},
+		{name: "relay-clock-skew", desc: "three relays share the shards, one clock a lease TTL behind, one a TTL ahead, one stepping back a TTL then forward two: leases and fences keep order, no row published twice",
+			plan: planOptions{rollbackRate: 0.05}, relays: 3, skew: true, throttle: 30 * time.Millisecond, extra: checkSkew,
+			notAvailable: func(_ *stack, c *config) string {
+				if c.referenceRelay {
+					return "the clock is injected into package relay (relay.WithClock); the reference relay has none"
+				}
+				return ""
+			}},
 
 		// Negative controls: broken pipelines that must show violations.
 		{name: "control-naive-dual-write", control: true, desc: "commit, then publish directly (crash between); publish inside a tx that rolls back",
@@ -374,7 +383,11 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	startRelays := func() {
 		for i := 0; i < sc.relays; i++ {
 			name := fmt.Sprintf("relay-%d", i)
-			po := pause // the first relay to fetch rows stalls
+			po := pause                // the first relay to fetch rows stalls
+			var clock func() time.Time // one per relay, kept across its restarts
+			if sc.skew {
+				clock = skewClock(e, i)
+			}
 			supervise(runCtx, &wg, e.log, name, func(ctx context.Context) error {
 				if cfg.referenceRelay {
 					pub, err := e.newPublisher()
@@ -386,7 +399,7 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 						markBeforeAck: markBeforeAck, pauseOnce: po}
 					return r.run(ctx)
 				}
-				return e.runRealRelay(ctx, name, relayFaults{pause: po, markBeforeAck: markBeforeAck})
+				return e.runRealRelay(ctx, name, relayFaults{pause: po, markBeforeAck: markBeforeAck, clock: clock})
 			})
 		}
 	}

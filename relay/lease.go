@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"time"
 
 	"github.com/ferryhq/ferry/internal/logattr"
 )
@@ -33,7 +32,7 @@ func (r *Relay) leaseLoop(ctx context.Context) {
 func (r *Relay) leaseTick(ctx context.Context) error {
 	exec := r.db.Executor()
 	ttl := r.cfg.ttl.Seconds()
-	started := time.Now()
+	started := r.cfg.now() // WithClock
 	r.mu.Lock()
 	breaker := r.breaker.String()
 	r.mu.Unlock()

@@ -87,6 +87,7 @@ type config struct {
 	syncMarks      bool
 	workers        int
 	tracer         trace.Tracer
+	clock          func() time.Time // WithClock; nil: time.Now
 
 	// Test hooks (unexported; only this package's tests set them).
 	noFence         bool         // negative control: drop the fence from marks
@@ -94,6 +95,20 @@ type config struct {
 	afterMark       func(string) // called after each mark statement, with its kind
 	noAggregateStop bool         // negative control: mark later rows of a failed aggregate anyway
 	noBreaker       bool         // negative control: charge attempts even when the broker is down
+}
+
+// WithClock sets the clock the relay reads for its local estimate of when
+// its leases lapse without renewal (the lease rows themselves expire by
+// the database's clock on Postgres and MySQL). For tests and `ferry prove`
+// that run a relay with a skewed or jumping clock; nil means time.Now.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.clock = now } }
+
+// now reads the configured clock.
+func (c *config) now() time.Time {
+	if c.clock != nil {
+		return c.clock()
+	}
+	return time.Now()
 }
 
 // WithTables sets the schema and table prefix (default: search_path, "ferry_").

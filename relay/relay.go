@@ -395,7 +395,7 @@ func (r *Relay) start(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	r.owned = adopted
-	r.validUntil = time.Now().Add(r.cfg.ttl)
+	r.validUntil = r.cfg.now().Add(r.cfg.ttl)
 	r.breaker = BreakerClosed
 	r.mu.Unlock()
 	r.m.setBreaker(BreakerClosed)
@@ -410,7 +410,7 @@ func (r *Relay) start(ctx context.Context) error {
 func (r *Relay) ownedSnapshot() ([]int, map[int]int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if time.Now().After(r.validUntil) {
+	if r.cfg.now().After(r.validUntil) {
 		return nil, nil // renewals failed for a whole TTL: assume the leases are gone
 	}
 	shards := make([]int, 0, len(r.owned))
@@ -433,7 +433,7 @@ func (r *Relay) ownedSnapshot() ([]int, map[int]int64) {
 func (r *Relay) takeIdle(limit int) ([]int, map[int]int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if time.Now().After(r.validUntil) {
+	if r.cfg.now().After(r.validUntil) {
 		return nil, nil // renewals failed for a whole TTL: assume the leases are gone
 	}
 	all := make([]int, 0, len(r.owned))

@@ -1,0 +1,68 @@
+package prove
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Clock skew (scenario relay-clock-skew): three package-relay instances
+// share the shards, each reading its own clock through relay.WithClock —
+// one a lease TTL behind, one a lease TTL ahead, one that steps back by a
+// TTL and later forward by two (an NTP step each way).
+const (
+	skewJumpBack    = 300 * time.Millisecond // after the relay's first clock read
+	skewJumpForward = 900 * time.Millisecond
+)
+
+// skewClock returns relay i's clock, and counts a fault on the first read
+// after each step of the stepping clock.
+func skewClock(e *env, i int) func() time.Time {
+	switch i % 3 {
+	case 0:
+		return func() time.Time { return time.Now().Add(-relayTTL) }
+	case 1:
+		return func() time.Time { return time.Now().Add(relayTTL) }
+	}
+	var mu sync.Mutex
+	var start time.Time
+	steps := 0
+	return func() time.Time {
+		now := time.Now()
+		mu.Lock()
+		defer mu.Unlock()
+		if start.IsZero() {
+			start = now
+		}
+		off := time.Duration(0)
+		switch el := now.Sub(start); {
+		case el >= skewJumpForward:
+			off = relayTTL
+			if steps < 2 {
+				steps = 2
+				e.faults.Add(1)
+			}
+		case el >= skewJumpBack:
+			off = -relayTTL
+			if steps < 1 {
+				steps = 1
+				e.faults.Add(1)
+			}
+		}
+		return now.Add(off)
+	}
+}
+
+// checkSkew: both steps of the stepping clock were read, and no row was
+// published twice (a relay trusting a lease it no longer held would
+// publish a row another relay published too).
+func checkSkew(e *env, f *Figures, _ *truth) []string {
+	var v []string
+	if f.FaultsInjected != 2 {
+		v = append(v, fmt.Sprintf("%d clock steps read, want 2: the stepping relay stopped reading its clock", f.FaultsInjected))
+	}
+	if f.DuplicatePublishes != 0 {
+		v = append(v, fmt.Sprintf("%d duplicate publishes under clock skew", f.DuplicatePublishes))
+	}
+	return v
+}
