@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"github.com/ferryhq/ferry/outbox"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,7 +18,13 @@ import (
 // dead-letter the row its broker rejected; the fence rejects that write,
 // so B's outcome stands.
 func TestFence(t *testing.T) {
-	a, b, s := fenceScenario(t, false)
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testFence(t, st.new) })
+	}
+}
+
+func testFence(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+	a, b, s := fenceScenario(t, newStore, false)
 	if dead := s.count(t, "dead"); dead != 0 {
 		t.Fatalf("%d rows dead: the stale relay overwrote the new owner's work", dead)
 	}
@@ -37,7 +44,13 @@ func TestFence(t *testing.T) {
 // write lands, a row the new owner published ends up dead, and the new
 // owner's mark is lost. The fence is what prevents that.
 func TestFenceNegativeControl(t *testing.T) {
-	_, b, s := fenceScenario(t, true)
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testFenceNegativeControl(t, st.new) })
+	}
+}
+
+func testFenceNegativeControl(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+	_, b, s := fenceScenario(t, newStore, true)
 	if dead := s.count(t, "dead"); dead == 0 {
 		t.Fatal("without the fence the stale relay's write should have landed, but no row is dead: the scenario does not exercise the fence")
 	}
@@ -46,8 +59,8 @@ func TestFenceNegativeControl(t *testing.T) {
 	}
 }
 
-func fenceScenario(t *testing.T, noFence bool) (a, b *Relay, s *store) {
-	s = newPGStore(t, 1)
+func fenceScenario(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store, noFence bool) (a, b *Relay, s *store) {
+	s = newStore(t, 1)
 	n := startEmbeddedNATS(t)
 	s.produce(t, 5, 1)
 

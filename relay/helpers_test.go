@@ -510,6 +510,13 @@ func (s *store) writerWith(t testing.TB, tmpl ferry.TopicTemplate, extra ...outb
 		}
 		return w.Insert
 	}
+	if s.db.Dialect() == driver.MySQL {
+		w, err := outbox.New(mysql.New(s.sqlDB), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.Insert
+	}
 	w, err := outbox.New(sqlite.New(s.sqlDB), opts...)
 	if err != nil {
 		t.Fatal(err)

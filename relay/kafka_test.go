@@ -72,7 +72,12 @@ func checkKafka(t *testing.T, got, want []ferry.Event) {
 }
 
 func TestKafkaEndToEnd(t *testing.T) {
-	s := newPGStore(t, 4)
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testKafkaEndToEnd(t, st.new(t, 4)) })
+	}
+}
+
+func testKafkaEndToEnd(t *testing.T, s *store) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, kafkaTopic))
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +105,12 @@ func TestKafkaEndToEnd(t *testing.T) {
 // the same port and data dir. No row goes dead or is charged an attempt,
 // broker calls stay bounded, and the backlog drains after recovery.
 func TestKafkaOutage(t *testing.T) {
-	s := newPGStore(t, 4)
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testKafkaOutage(t, st.new(t, 4)) })
+	}
+}
+
+func testKafkaOutage(t *testing.T, s *store) {
 	dir := t.TempDir()
 	c1, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, kafkaTopic), kfake.DataDir(dir), kfake.Ports(0))
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferryhq/ferry/outbox"
 	"slices"
 	"testing"
 	"time"
@@ -116,13 +117,19 @@ func rabbitMissing(t *testing.T) missingCase {
 // is 1; afterwards every event is stored once, per aggregate in order, and
 // the gauge is back to 0.
 func TestMissingDestinationHeld(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testMissingDestinationHeld(t, st.new) })
+	}
+}
+
+func testMissingDestinationHeld(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
 	for _, tc := range []struct {
 		name string
 		mk   func(t *testing.T) missingCase
 	}{{"kafka", kafkaMissing}, {"nats", natsMissing}, {"rabbitmq", rabbitMissing}} {
 		t.Run(tc.name, func(t *testing.T) {
 			mc := tc.mk(t)
-			s := newPGStore(t, 4)
+			s := newStore(t, 4)
 			reg := prometheus.NewRegistry()
 			r, err := New(s.db, mc.pub, fastOpts(4, WithRegisterer(reg), WithMaxAttempts(2))...)
 			if err != nil {
@@ -189,8 +196,14 @@ func (a asPermanent) Publish(ctx context.Context, evs []ferry.Event) []broker.Re
 // permanent (the old classification) the first attempt sends events dead,
 // and under the hold policy their aggregates' later events stay blocked.
 func TestMissingDestinationNegativeControl(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testMissingDestinationNegativeControl(t, st.new) })
+	}
+}
+
+func testMissingDestinationNegativeControl(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
 	mc := kafkaMissing(t)
-	s := newPGStore(t, 4)
+	s := newStore(t, 4)
 	r, err := New(s.db, asPermanent{mc.pub}, fastOpts(4)...)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"github.com/ferryhq/ferry/outbox"
 	"sync"
 	"testing"
 	"time"
@@ -18,13 +19,19 @@ import (
 // is never marked sent ahead of an earlier one. The negative control marks
 // later rows of a failed aggregate anyway and must break the invariant.
 func TestMarkOrderInvariant(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testMarkOrderInvariant(t, st.new) })
+	}
+}
+
+func testMarkOrderInvariant(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
 	for _, control := range []bool{false, true} {
 		name := "guarded"
 		if control {
 			name = "control_without_aggregate_stop"
 		}
 		t.Run(name, func(t *testing.T) {
-			s := newPGStore(t, 2)
+			s := newStore(t, 2)
 			n := startEmbeddedNATS(t)
 			want := s.produce(t, 120, 6)
 			var mu sync.Mutex

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"github.com/ferryhq/ferry/outbox"
 	"net/url"
 	"sync"
 	"testing"
@@ -23,6 +24,12 @@ import (
 // attempt or goes dead, and broker calls stay bounded; after Restore
 // everything is delivered, per aggregate in order.
 func TestRabbitMQOutage(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testRabbitMQOutage(t, st.new) })
+	}
+}
+
+func testRabbitMQOutage(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
 	amqpURL := testenv.RabbitMQURL(t)
 	u, err := url.Parse(amqpURL)
 	if err != nil {
@@ -46,7 +53,7 @@ func TestRabbitMQOutage(t *testing.T) {
 	t.Cleanup(func() { _ = rp.Close() })
 	pub := &countingPublisher{Publisher: rp}
 
-	s := newPGStore(t, 4)
+	s := newStore(t, 4)
 	reg := prometheus.NewRegistry()
 	r, err := New(s.db, pub, fastOpts(4, WithRegisterer(reg), WithMaxAttempts(2), WithPublishTimeout(2*time.Second))...)
 	if err != nil {

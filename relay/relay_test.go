@@ -252,7 +252,13 @@ func testCrashBetweenPublishAndMark(t *testing.T, s *store) {
 // TestShardCountMismatch: rows written with another N stop the relay at
 // start with both numbers in the error.
 func TestShardCountMismatch(t *testing.T) {
-	s := newPGStore(t, 8)
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testShardCountMismatch(t, st.new) })
+	}
+}
+
+func testShardCountMismatch(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+	s := newStore(t, 8)
 	s.produce(t, 3, 3)
 	n := startEmbeddedNATS(t)
 	r, err := New(s.db, n.publisher(t), fastOpts(16)...)
@@ -269,7 +275,7 @@ func TestShardCountMismatch(t *testing.T) {
 	}
 
 	// A live relay with another N stops a new one at start, too.
-	s2 := newPGStore(t, 4)
+	s2 := newStore(t, 4)
 	a, err := New(s2.db, n.publisher(t), fastOpts(4)...)
 	if err != nil {
 		t.Fatal(err)

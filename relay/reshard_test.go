@@ -18,6 +18,7 @@ import (
 func TestReshardCountsOnlyPublishableRows(t *testing.T) {
 	for name, open := range map[string]func(t *testing.T) *store{
 		"postgres": func(t *testing.T) *store { return newPGStore(t, 16) },
+		"mysql":    func(t *testing.T) *store { return newMySQLStore(t, 16) },
 		"sqlite":   func(t *testing.T) *store { return newSQLiteStore(t, 16) },
 	} {
 		t.Run(name, func(t *testing.T) {

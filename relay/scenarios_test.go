@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferryhq/ferry/outbox"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,9 +21,15 @@ import (
 // its reason; under DeadHold the later events of its aggregate are held,
 // under DeadSkip they flow; other aggregates are unaffected either way.
 func TestPoisonEvent(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testPoisonEvent(t, st.new) })
+	}
+}
+
+func testPoisonEvent(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
 	for _, policy := range []DeadPolicy{DeadHold, DeadSkip} {
 		t.Run(string(policy), func(t *testing.T) {
-			s := newPGStore(t, 4)
+			s := newStore(t, 4)
 			n := startEmbeddedNATS(t, natsembed.WithMaxPayload(4096))
 			ctx := context.Background()
 			var normal []ferry.Event
@@ -75,7 +82,7 @@ func TestPoisonEvent(t *testing.T) {
 				defer func() {
 					// An operator discards the dead letter (ops, migration
 					// 0005): the hold is released and the aggregate flows.
-					if _, err := s.pool.Exec(ctx, `UPDATE ferry_outbox SET discarded_at = now() WHERE event_id = $1`, p2[0].ID); err != nil {
+					if _, err := s.db.Executor().Exec(ctx, `UPDATE ferry_outbox SET discarded_at = CURRENT_TIMESTAMP WHERE event_id = $1`, p2[0].ID.String()); err != nil {
 						t.Fatal(err)
 					}
 					waitFor(t, 10*time.Second, "held event sent after discard", func() bool {
@@ -106,7 +113,12 @@ func TestPoisonEvent(t *testing.T) {
 // opens, no row is charged an attempt or goes dead, broker calls stay
 // bounded (probes only), and everything flows after the restart.
 func TestBrokerOutage(t *testing.T) {
-	s := newPGStore(t, 4)
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testBrokerOutage(t, st.new(t, 4)) })
+	}
+}
+
+func testBrokerOutage(t *testing.T, s *store) {
 	n := startEmbeddedNATS(t)
 	pub := &countingPublisher{Publisher: n.publisher(t)}
 	reg := prometheus.NewRegistry()
@@ -126,8 +138,15 @@ func TestBrokerOutage(t *testing.T) {
 	// Other processes (ferry status) see it through the heartbeat row.
 	breakerRow := func() string {
 		var b string
-		if err := s.pool.QueryRow(context.Background(), `SELECT breaker FROM ferry_relay_instances WHERE instance_id = $1`, r.InstanceID()).Scan(&b); err != nil {
+		rows, err := s.db.Executor().Query(context.Background(), `SELECT breaker FROM ferry_relay_instances WHERE instance_id = $1`, r.InstanceID())
+		if err != nil {
 			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := rows.Scan(&b); err != nil {
+				t.Fatal(err)
+			}
 		}
 		return b
 	}
@@ -162,7 +181,12 @@ func TestBrokerOutage(t *testing.T) {
 // and with a small max-attempts the outage sends rows to dead. The breaker
 // is what prevents that.
 func TestBrokerOutageNegativeControl(t *testing.T) {
-	s := newPGStore(t, 2)
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testBrokerOutageNegativeControl(t, st.new(t, 2)) })
+	}
+}
+
+func testBrokerOutageNegativeControl(t *testing.T, s *store) {
 	n := startEmbeddedNATS(t)
 	pub := &countingPublisher{Publisher: n.publisher(t)}
 	r, err := New(s.db, pub, fastOpts(2, WithMaxAttempts(2), WithBackoff(10*time.Millisecond, 50*time.Millisecond))...)
@@ -185,11 +209,17 @@ func TestBrokerOutageNegativeControl(t *testing.T) {
 // shards after the lease expires. Every event reaches the broker once, per
 // aggregate in sequence order.
 func TestThreeRelays(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testThreeRelays(t, st.new) })
+	}
+}
+
+func testThreeRelays(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
 	if testing.Short() {
 		t.Skip("10,000 events")
 	}
 	const shards = 16
-	s := newPGStore(t, shards)
+	s := newStore(t, shards)
 	n, prefix := systemNATS(t)
 	// Subjects of this test's stream: re-point the topic template.
 	w := s.withTopic(t, prefix+".{aggregate_type}")
@@ -279,8 +309,14 @@ func TestThreeRelays(t *testing.T) {
 // TestRebalance: relays joining and leaving split the shards fairly;
 // a graceful stop hands its shards over at once (no TTL wait).
 func TestRebalance(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testRebalance(t, st.new) })
+	}
+}
+
+func testRebalance(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
 	const shards = 16
-	s := newPGStore(t, shards)
+	s := newStore(t, shards)
 	n := startEmbeddedNATS(t)
 	var relays []*Relay
 	var stops []func() error
@@ -379,7 +415,12 @@ func outageBound(outage time.Duration) (publish, pings int) {
 // every shard is taken is still ready when the cluster has more relays
 // than shards; with as many shards as relays, owning nothing is not ready.
 func TestReadyWithMoreRelaysThanShards(t *testing.T) {
-	s := newPGStore(t, 1)
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testReadyWithMoreRelaysThanShards(t, st.new(t, 1)) })
+	}
+}
+
+func testReadyWithMoreRelaysThanShards(t *testing.T, s *store) {
 	n := startEmbeddedNATS(t)
 	a, err := New(s.db, n.publisher(t), fastOpts(1, WithInstanceID("a"))...)
 	if err != nil {
