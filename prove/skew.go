@@ -11,8 +11,8 @@ import (
 // one a lease TTL behind, one a lease TTL ahead, one that steps back by a
 // TTL and later forward by two (an NTP step each way).
 const (
-	skewJumpBack    = 300 * time.Millisecond // after the relay's first clock read
-	skewJumpForward = 900 * time.Millisecond
+	skewJumpBack    = 200 * time.Millisecond // after the relay's first clock read
+	skewJumpForward = 500 * time.Millisecond
 )
 
 // skewClock returns relay i's clock, and counts a fault on the first read
