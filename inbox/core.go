@@ -176,9 +176,10 @@ func (ib *Inbox[TTx]) claimSQLite(ctx context.Context, exec driver.Executor, m *
 	ev := &m.ev
 	r := claimResult{lastSeq: -1}
 	var hasPrev bool
-	if err := queryRow(ctx, exec, ib.q.sqlitePrev, []any{ib.name, ev.TenantID, ev.ID.String()}, &hasPrev, &r.prevFP); err != nil {
-		return r, fmt.Errorf("inbox: claim: %w", err)
-	}
+	// The cursor first: on MySQL its FOR UPDATE waits for a concurrent
+	// applier of the same aggregate to commit, and the dedup read after it
+	// (a new READ COMMITTED snapshot) then sees that applier's claim, so a
+	// redelivery is a duplicate, not stale. SQLite serialises anyway.
 	if ib.cfg.ordering {
 		var found bool
 		if err := queryRow(ctx, exec, ib.q.sqliteCursor, []any{ib.name, ev.TenantID, ev.AggregateType, ev.AggregateID}, &found, &r.lastSeq); err != nil {
@@ -187,6 +188,9 @@ func (ib *Inbox[TTx]) claimSQLite(ctx context.Context, exec driver.Executor, m *
 		if !found {
 			r.lastSeq = -1
 		}
+	}
+	if err := queryRow(ctx, exec, ib.q.sqlitePrev, []any{ib.name, ev.TenantID, ev.ID.String()}, &hasPrev, &r.prevFP); err != nil {
+		return r, fmt.Errorf("inbox: claim: %w", err)
 	}
 	r.decision = decide(hasPrev, r.prevFP, m.fp[:], ib.cfg.ordering, ib.cfg.start == StartAtFirstSeen, r.lastSeq, ev.AggregateSeq)
 	if r.decision != "apply" {
@@ -389,7 +393,18 @@ func (ib *Inbox[TTx]) park(ctx context.Context, exec driver.Executor, m *message
 	attempts := max(m.attempt, 1)
 	h := ev.Headers
 	var id int64
-	err := queryRow(ctx, exec, ib.q.park, []any{ib.name, string(reason), key, attempts, now, sanitize.Text(errText, sanitize.MaxErrorBytes),
+	query := ib.q.park
+	if ib.q.parkReadBack != "" {
+		// MySQL: the upsert, then the open row's id (no RETURNING).
+		query = ib.q.parkReadBack
+		if _, err := exec.Exec(ctx, ib.q.park, ib.name, string(reason), key, attempts, now, sanitize.Text(errText, sanitize.MaxErrorBytes),
+			ev.TenantID, eventID, ev.AggregateType, ev.AggregateID, ev.AggregateSeq, ev.EventType, ev.SchemaVersion, ev.ContentType, payload,
+			occurred, ev.Topic, h.Traceparent, h.CorrelationID, h.CausationID, h.Principal, h.Action, h.Target,
+			fp, otherFP, rawDest, rawKey, rawHeaders, rawBody); err != nil {
+			return 0, fmt.Errorf("inbox: park %s: %w", reason, err)
+		}
+	}
+	err := queryRow(ctx, exec, query, []any{ib.name, string(reason), key, attempts, now, sanitize.Text(errText, sanitize.MaxErrorBytes),
 		ev.TenantID, eventID, ev.AggregateType, ev.AggregateID, ev.AggregateSeq, ev.EventType, ev.SchemaVersion, ev.ContentType, payload,
 		occurred, ev.Topic, h.Traceparent, h.CorrelationID, h.CausationID, h.Principal, h.Action, h.Target,
 		fp, otherFP, rawDest, rawKey, rawHeaders, rawBody}, nil, &id)

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/ferryhq/ferry/driver"
 	"strings"
 	"sync"
 	"testing"
@@ -29,7 +30,7 @@ func TestDuplicateDeliveredFiveTimes(t *testing.T) {
 			if n := len(effects(t, s.db)); n != 1 {
 				t.Fatalf("effects = %d, want 1", n)
 			}
-			if n := count(t, s.db, `SELECT count(*) FROM ferry_inbox`); n != 1 {
+			if n := s.count(t, `SELECT count(*) FROM ferry_inbox`); n != 1 {
 				t.Fatalf("inbox rows = %d, want 1", n)
 			}
 			if st := ib.Stats(); st.Applied != 1 || st.Duplicates != 4 {
@@ -78,10 +79,10 @@ func TestDuplicatesConcurrentTwoInstances(t *testing.T) {
 				if len(acks) != 5 {
 					t.Fatalf("round %d: %d acks, want 5", round, len(acks))
 				}
-				if n := count(t, s.db, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID.String()); n != 1 {
+				if n := s.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID.String()); n != 1 {
 					t.Fatalf("round %d: effects = %d, want 1", round, n)
 				}
-				if n := count(t, s.db, `SELECT count(*) FROM ferry_inbox WHERE event_id = $1`, ev.ID.String()); n != 1 {
+				if n := s.count(t, `SELECT count(*) FROM ferry_inbox WHERE event_id = $1`, ev.ID.String()); n != 1 {
 					t.Fatalf("round %d: inbox rows = %d, want 1", round, n)
 				}
 			}
@@ -165,7 +166,7 @@ func TestWithoutOrderingOnlyDedups(t *testing.T) {
 			if got := seqs(effects(t, s.db)); got != "3,1" {
 				t.Fatalf("effects %s, want 3,1", got)
 			}
-			if n := count(t, s.db, `SELECT count(*) FROM ferry_inbox_cursor`); n != 0 {
+			if n := s.count(t, `SELECT count(*) FROM ferry_inbox_cursor`); n != 0 {
 				t.Fatalf("cursor rows = %d, want none without ordering", n)
 			}
 			// The same in one batch (the bulk claim path on Postgres).
@@ -179,7 +180,7 @@ func TestWithoutOrderingOnlyDedups(t *testing.T) {
 			if st := batched.Stats(); st.Applied != 2 || st.Duplicates != 1 || rec.acks != 3 {
 				t.Fatalf("batched without ordering: stats %+v acks %d", st, rec.acks)
 			}
-			if n := count(t, s.db, `SELECT count(*) FROM ferry_inbox_cursor`); n != 0 {
+			if n := s.count(t, `SELECT count(*) FROM ferry_inbox_cursor`); n != 0 {
 				t.Fatalf("cursor rows = %d, want none without ordering", n)
 			}
 		})
@@ -293,8 +294,8 @@ func TestUnauthorizedParkedThenReplayed(t *testing.T) {
 			// The hook reads current state in the consumer's transaction.
 			authz := func(ctx context.Context, tx *sql.Tx, ev ferry.Event) error {
 				var n int
-				if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM members WHERE tenant_id = $1 AND principal = $2`,
-					ev.TenantID, ev.Headers.Principal).Scan(&n); err != nil {
+				if _, err := driver.QueryRow(ctx, s.drv.UnwrapExecutor(tx), `SELECT count(*) FROM members WHERE tenant_id = $1 AND principal = $2`,
+					[]any{ev.TenantID, ev.Headers.Principal}, &n); err != nil {
 					return err
 				}
 				if n == 0 {
@@ -310,7 +311,7 @@ func TestUnauthorizedParkedThenReplayed(t *testing.T) {
 				if len(ps) != 1 || !strings.Contains(ps[0].LastError, "not a member") {
 					t.Fatalf("batch %d: unauthorized parked: %+v", batch, ps)
 				}
-				if n := count(t, s.db, `SELECT count(*) FROM ferry_inbox WHERE event_id = $1`, ev.ID.String()); n != 0 {
+				if n := s.count(t, `SELECT count(*) FROM ferry_inbox WHERE event_id = $1`, ev.ID.String()); n != 0 {
 					t.Fatalf("batch %d: the denied claim must be undone, inbox rows = %d", batch, n)
 				}
 				if _, err := s.db.Exec(`INSERT INTO members VALUES ('acme', 'user:7')`); err != nil {
@@ -320,7 +321,7 @@ func TestUnauthorizedParkedThenReplayed(t *testing.T) {
 				if err != nil || rs[0].Outcome != OutcomeApplied || !errors.Is(rs[1].Err, ErrNotParked) {
 					t.Fatalf("batch %d: replay: %+v %v", batch, rs, err)
 				}
-				if n := count(t, s.db, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID.String()); n != 1 {
+				if n := s.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID.String()); n != 1 {
 					t.Fatalf("batch %d: effects = %d, want 1", batch, n)
 				}
 				if _, err := s.db.Exec(`DELETE FROM members`); err != nil {
@@ -337,7 +338,7 @@ func TestHandlerErrorsRetryThenPoison(t *testing.T) {
 			fail := map[string]error{}
 			var mu sync.Mutex
 			h := func(ctx context.Context, tx *sql.Tx, ev ferry.Event) error {
-				if err := writeEffect(ctx, tx, ev); err != nil { // written, then rolled back
+				if err := s.writeEffect(ctx, tx, ev); err != nil { // written, then rolled back
 					return err
 				}
 				mu.Lock()
@@ -353,7 +354,7 @@ func TestHandlerErrorsRetryThenPoison(t *testing.T) {
 			if acked, nacked, err := deliver(t, ib, ev); err != nil || acked || !nacked {
 				t.Fatalf("transient: acked=%v nacked=%v err=%v", acked, nacked, err)
 			}
-			if len(effects(t, s.db)) != 0 || count(t, s.db, `SELECT count(*) FROM ferry_inbox`) != 0 || count(t, s.db, `SELECT count(*) FROM ferry_inbox_cursor`) != 0 {
+			if len(effects(t, s.db)) != 0 || s.count(t, `SELECT count(*) FROM ferry_inbox`) != 0 || s.count(t, `SELECT count(*) FROM ferry_inbox_cursor`) != 0 {
 				t.Fatal("a failed handler must leave no effect, claim or cursor")
 			}
 			mu.Lock()
@@ -476,7 +477,7 @@ func TestBatchSavepointsIsolateFailures(t *testing.T) {
 	for _, s := range stores(t) {
 		t.Run(s.name, func(t *testing.T) {
 			h := func(ctx context.Context, tx *sql.Tx, ev ferry.Event) error {
-				if err := writeEffect(ctx, tx, ev); err != nil {
+				if err := s.writeEffect(ctx, tx, ev); err != nil {
 					return err
 				}
 				if string(ev.Payload) == "bad" {
@@ -542,7 +543,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 			}
 			restarted := newInbox(t, s, nil)
 			mustDeliver(t, restarted, ev) // the redelivery
-			if n := count(t, s.db, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID.String()); n != 1 {
+			if n := s.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, ev.ID.String()); n != 1 {
 				t.Fatalf("effects = %d, want 1", n)
 			}
 			if restarted.Stats().Duplicates != 1 {
@@ -557,7 +558,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 				t.Fatalf("control fault: %v", err)
 			}
 			mustDeliver(t, newInbox(t, s, nil), ev2)
-			if n := count(t, s.db, `SELECT count(*) FROM effects WHERE event_id = $1`, ev2.ID.String()); n != 0 {
+			if n := s.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, ev2.ID.String()); n != 0 {
 				t.Fatalf("negative control: effects = %d; the non-atomic inbox should have lost the effect (0)", n)
 			}
 		})
@@ -573,7 +574,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 			if acked, _, err := deliver(t, faulty, ev); !errors.Is(err, ErrFault) || acked {
 				t.Fatalf("fault: acked=%v err=%v", acked, err)
 			}
-			if len(effects(t, s.db)) != 0 || count(t, s.db, `SELECT count(*) FROM ferry_inbox`) != 0 {
+			if len(effects(t, s.db)) != 0 || s.count(t, `SELECT count(*) FROM ferry_inbox`) != 0 {
 				t.Fatal("crash before commit left an effect or claim")
 			}
 			ib := newInbox(t, s, nil)
@@ -662,7 +663,7 @@ func TestHealGaps(t *testing.T) {
 				t.Fatal("2 not parked")
 			}
 			// The other instance applied 1 and committed its cursor.
-			if _, err := s.db.Exec(`INSERT INTO ferry_inbox_cursor (consumer, tenant_id, aggregate_type, aggregate_id, last_seq, updated_at)
+			if _, err := s.drv.Executor().Exec(context.Background(), `INSERT INTO ferry_inbox_cursor (consumer, tenant_id, aggregate_type, aggregate_id, last_seq, updated_at)
 				VALUES ('shipping', 'acme', 'order', 'h1', 1, $1)`, time.Now().UTC()); err != nil {
 				t.Fatal(err)
 			}

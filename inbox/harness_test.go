@@ -17,13 +17,14 @@ import (
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
 )
 
 func TestMain(m *testing.M) {
-	testenv.Announce("inbox", testenv.Postgres, testenv.NATS, testenv.RabbitMQ)
+	testenv.Announce("inbox", testenv.Postgres, testenv.MySQL, testenv.NATS, testenv.RabbitMQ)
 	goleak.VerifyTestMain(m, append(testenv.KnownLibraryLeaks(),
 		// database/sql's connection opener and pgxpool's health check are
 		// the libraries' own, stopped by Close in cleanup.
@@ -52,6 +53,12 @@ func stores(t *testing.T) []store {
 	} else {
 		t.Log("Postgres unreachable: SQLite only")
 	}
+	if testenv.Reachable(testenv.MySQLURL(t)) == nil || testenv.Required() {
+		my := testenv.NewMySQLDatabase(t)
+		out = append(out, store{name: "mysql", drv: mysql.New(my.DB), db: my.DB})
+	} else {
+		t.Log("MySQL unreachable: no mysql store")
+	}
 	db, _ := testenv.NewSQLite(t)
 	out = append(out, store{name: "sqlite", drv: sqlite.New(db), db: db})
 	for _, s := range out {
@@ -69,6 +76,14 @@ func postgresStore(t *testing.T) store {
 	return s
 }
 
+func mysqlStore(t *testing.T) store {
+	t.Helper()
+	my := testenv.NewMySQLDatabase(t)
+	s := store{name: "mysql", drv: mysql.New(my.DB), db: my.DB}
+	setupStore(t, s.drv, s.db)
+	return s
+}
+
 func setupStore(t testing.TB, drv *databasesql.Driver, db *sql.DB) {
 	t.Helper()
 	ctx := context.Background()
@@ -77,13 +92,25 @@ func setupStore(t testing.TB, drv *databasesql.Driver, db *sql.DB) {
 	}
 	ddl := `CREATE TABLE effects (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, tenant_id text NOT NULL,
 		aggregate_id text NOT NULL, seq bigint NOT NULL, event_id text NOT NULL, payload text NOT NULL)`
-	if drv.Dialect() == driver.SQLite {
+	switch drv.Dialect() {
+	case driver.SQLite:
 		ddl = `CREATE TABLE effects (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant_id TEXT NOT NULL,
 		aggregate_id TEXT NOT NULL, seq INTEGER NOT NULL, event_id TEXT NOT NULL, payload TEXT NOT NULL)`
+	case driver.MySQL:
+		ddl = `CREATE TABLE effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant_id VARCHAR(255) NOT NULL,
+		aggregate_id VARCHAR(255) NOT NULL, seq BIGINT NOT NULL, event_id VARCHAR(64) NOT NULL, payload LONGTEXT NOT NULL)`
 	}
 	if _, err := db.ExecContext(ctx, ddl); err != nil {
 		t.Fatalf("effects table: %v", err)
 	}
+}
+
+// writeEffect is writeEffect on any store (the statement goes through the
+// store's driver, which rewrites placeholders for MySQL).
+func (s store) writeEffect(ctx context.Context, tx *sql.Tx, ev ferry.Event) error {
+	_, err := s.drv.UnwrapExecutor(tx).Exec(ctx, `INSERT INTO effects (tenant_id, aggregate_id, seq, event_id, payload) VALUES ($1, $2, $3, $4, $5)`,
+		ev.TenantID, ev.AggregateID, ev.AggregateSeq, ev.ID.String(), string(ev.Payload))
+	return err
 }
 
 // writeEffect is the trivial handler: one row per applied event.
@@ -96,7 +123,7 @@ func writeEffect(ctx context.Context, tx *sql.Tx, ev ferry.Event) error {
 func newInbox(t testing.TB, s store, h Handler[*sql.Tx], opts ...Option) *Inbox[*sql.Tx] {
 	t.Helper()
 	if h == nil {
-		h = writeEffect
+		h = s.writeEffect
 	}
 	opts = append([]Option{WithLogger(testLogger(t)), WithBackoff(time.Millisecond, 10*time.Millisecond), WithHealInterval(50 * time.Millisecond)}, opts...)
 	ib, err := New[*sql.Tx](s.drv, "shipping", h, opts...)
@@ -208,6 +235,17 @@ func effects(t testing.TB, db *sql.DB) []effectRow {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// count runs a count query on the store through its driver ($n
+// placeholders on every dialect).
+func (s store) count(t testing.TB, query string, args ...any) int {
+	t.Helper()
+	var n int64
+	if _, err := driver.QueryRow(context.Background(), s.drv.Executor(), query, args, &n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return int(n)
 }
 
 func count(t testing.TB, db *sql.DB, query string, args ...any) int {

@@ -87,7 +87,7 @@ func TestRabbitMQToPostgres(t *testing.T) {
 	_ = c.Close() // the unacked message goes back to the queue
 	restarted := newInbox(t, st, nil)
 	runUntil(restarted, func() bool { return restarted.Stats().Duplicates == 1 })
-	if n := count(t, st.db, `SELECT count(*) FROM effects WHERE event_id = $1`, e4.ID.String()); n != 1 {
+	if n := st.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, e4.ID.String()); n != 1 {
 		t.Fatalf("effects of event 4 = %d, want 1", n)
 	}
 }

@@ -141,6 +141,10 @@ func TestChaosExactlyOnceInOrder(t *testing.T) {
 			variants = append(variants, variant{s, 1})
 			// Batch mode on a second schema: the bulk claim path.
 			variants = append(variants, variant{postgresStore(t), 64})
+		} else if s.name == "mysql" {
+			// Row locks like Postgres: one at a time and batched, the
+			// batch on a second database.
+			variants = append(variants, variant{s, 1}, variant{mysqlStore(t), 64})
 		} else {
 			variants = append(variants, variant{s, 64}) // one writer: batch it
 		}
@@ -160,13 +164,13 @@ func TestChaosExactlyOnceInOrder(t *testing.T) {
 			go func() { done <- ib.Run(ctx, b) }()
 			deadline := time.Now().Add(3 * time.Minute)
 			for {
-				if n := count(t, s.db, `SELECT count(*) FROM effects`); n >= aggregates*perAgg {
+				if n := s.count(t, `SELECT count(*) FROM effects`); n >= aggregates*perAgg {
 					break
 				}
 				if time.Now().After(deadline) {
 					cancel()
 					<-done
-					t.Fatalf("timeout: %d effects, stats %+v", count(t, s.db, `SELECT count(*) FROM effects`), ib.Stats())
+					t.Fatalf("timeout: %d effects, stats %+v", s.count(t, `SELECT count(*) FROM effects`), ib.Stats())
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
@@ -194,10 +198,10 @@ func TestChaosExactlyOnceInOrder(t *testing.T) {
 				}
 				last[e.agg] = e.seq
 			}
-			if n := count(t, s.db, `SELECT count(*) FROM ferry_inbox`); n != aggregates*perAgg {
+			if n := s.count(t, `SELECT count(*) FROM ferry_inbox`); n != aggregates*perAgg {
 				t.Fatalf("inbox rows = %d", n)
 			}
-			if n := count(t, s.db, `SELECT count(*) FROM ferry_inbox_parked WHERE resolved_at IS NULL`); n != 0 {
+			if n := s.count(t, `SELECT count(*) FROM ferry_inbox_parked WHERE resolved_at IS NULL`); n != 0 {
 				t.Fatalf("open parked rows = %d, want 0", n)
 			}
 			st := ib.Stats()
@@ -227,7 +231,7 @@ func TestRunDrainAndFault(t *testing.T) {
 		if slow.Load() {
 			time.Sleep(50 * time.Millisecond)
 		}
-		return writeEffect(ctx, tx, ev)
+		return s.writeEffect(ctx, tx, ev)
 	}
 	var script []ferry.Event
 	for i := range 50 {
@@ -247,7 +251,7 @@ func TestRunDrainAndFault(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Run after cancel: %v", err)
 	}
-	applied := count(t, s.db, `SELECT count(*) FROM effects`)
+	applied := s.count(t, `SELECT count(*) FROM effects`)
 	if int64(applied) != b.acks.Load() {
 		t.Fatalf("drain: %d effects but %d acks: every committed message must be acked and vice versa", applied, b.acks.Load())
 	}
@@ -280,7 +284,7 @@ func TestChaosWithoutCursorViolatesOrder(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- ib.Run(ctx, b) }()
-	for deadline := time.Now().Add(time.Minute); count(t, st.db, `SELECT count(*) FROM effects`) < 1000; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); st.count(t, `SELECT count(*) FROM effects`) < 1000; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			cancel()
 			<-done

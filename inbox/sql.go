@@ -23,6 +23,7 @@ type queries struct {
 	setCursor, cursorOf            string
 	parkedStats, gapAggregates     string
 	fingerprintOf                  string
+	parkReadBack                   string // MySQL: the open park row's id (no RETURNING)
 	bulkRead, bulkWrite            string // Postgres batch pass (bulk.go)
 }
 
@@ -40,6 +41,8 @@ func newQueries(d driver.Dialect, t ferry.Tables) (*queries, error) {
 		eventIDCol, eventIDParam, lockCursor = "event_id::text", "$%d::uuid", " FOR UPDATE"
 	case driver.SQLite:
 		eventIDCol, eventIDParam, lockCursor = "event_id", "$%d", ""
+	case driver.MySQL:
+		eventIDCol, eventIDParam, lockCursor = "event_id", "$%d", " FOR UPDATE"
 	default:
 		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", d)}
 	}
@@ -136,6 +139,9 @@ FROM %s WHERE consumer = $1 AND resolved_at IS NULL GROUP BY reason`, parked)
 	q.gapAggregates = fmt.Sprintf(`SELECT count(*) FROM (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id FROM %s
 WHERE consumer = $1 AND reason = 'gap' AND resolved_at IS NULL) g`, parked)
 	q.fingerprintOf = fmt.Sprintf(`SELECT fingerprint FROM %s WHERE consumer = $1 AND tenant_id = $2 AND event_id = %s`, inbox, fmt.Sprintf(eventIDParam, 3))
+	if d == driver.MySQL {
+		mysqlQueries(q, t)
+	}
 	if d == driver.Postgres {
 		q.bulkRead = bulkReadSQL(inbox, cursor)
 		q.bulkWrite = bulkWriteSQL(inbox, cursor, parked)
@@ -146,7 +152,7 @@ WHERE consumer = $1 AND reason = 'gap' AND resolved_at IS NULL) g`, parked)
 // listParked renders the ListParked query for a filter.
 func (q *queries) listParked(t ferry.Tables, f ParkedFilter) (string, []any) {
 	eventIDCol := "event_id::text"
-	if q.dialect == driver.SQLite {
+	if q.dialect != driver.Postgres {
 		eventIDCol = "event_id"
 	}
 	args := []any{f.consumer, f.AfterID}
