@@ -27,6 +27,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/effect"
@@ -48,7 +49,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
 		os.Exit(runCrashChild())
 	}
-	testenv.Announce("effect", testenv.Postgres)
+	testenv.Announce("effect", testenv.Postgres, testenv.MySQL)
 	goleak.VerifyTestMain(m)
 }
 
@@ -71,7 +72,11 @@ func newHarness[TTx any](t *testing.T, drv driver.Driver[TTx]) *harness[TTx] {
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	if _, err := drv.Executor().Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, amount integer NOT NULL)`); err != nil {
+	ddl := `CREATE TABLE orders (id text PRIMARY KEY, amount integer NOT NULL)`
+	if drv.Dialect() == driver.MySQL {
+		ddl = `CREATE TABLE orders (id VARCHAR(64) PRIMARY KEY, amount integer NOT NULL)`
+	}
+	if _, err := drv.Executor().Exec(ctx, ddl); err != nil {
 		t.Fatalf("create orders: %v", err)
 	}
 	l, err := effect.NewLedger(drv)
@@ -83,6 +88,10 @@ func newHarness[TTx any](t *testing.T, drv driver.Driver[TTx]) *harness[TTx] {
 
 func pgHarness(t *testing.T) *harness[pgx.Tx] {
 	return newHarness(t, driver.Driver[pgx.Tx](pgxv5.New(testenv.NewPostgresSchema(t).Pool)))
+}
+
+func mysqlHarness(t *testing.T) *harness[*sql.Tx] {
+	return newHarness(t, driver.Driver[*sql.Tx](mysql.New(testenv.NewMySQLDatabase(t).DB)))
 }
 
 func sqliteHarness(t *testing.T) *harness[*sql.Tx] {
@@ -98,7 +107,11 @@ func (h *harness[TTx]) handle(ctx context.Context, o order, amount int) (string,
 		return "", err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `INSERT INTO orders (id, amount) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING`, o.ID, amount); err != nil {
+	insert := `INSERT INTO orders (id, amount) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING`
+	if h.drv.Dialect() == driver.MySQL {
+		insert = `INSERT IGNORE INTO orders (id, amount) VALUES ($1, $2)`
+	}
+	if _, err := tx.Exec(ctx, insert, o.ID, amount); err != nil {
 		return "", err
 	}
 	body, _ := json.Marshal(map[string]any{"order": o.ID, "amount": amount})
@@ -289,6 +302,12 @@ func sumMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 func TestFaultModesPostgres(t *testing.T) {
 	for _, m := range []mode{modeDropAfterApply, mode503AfterApply, modeTimeoutBeforeApply, modeTimeoutAfterApply} {
 		t.Run(m.String(), func(t *testing.T) { runMode(t, pgHarness(t), m, 1000) })
+	}
+}
+
+func TestFaultModesMySQL(t *testing.T) {
+	for _, m := range []mode{modeNormal, modeDropAfterApply, mode503AfterApply, modeTimeoutBeforeApply, modeTimeoutAfterApply} {
+		t.Run(m.String(), func(t *testing.T) { runMode(t, mysqlHarness(t), m, 1000) })
 	}
 }
 
@@ -612,7 +631,7 @@ func runOutage(t *testing.T, withBreaker bool) outageResult {
 func TestRecordIsIdempotent(t *testing.T) {
 	for name, h := range map[string]interface {
 		handle(context.Context, order, int) (string, error)
-	}{"postgres": pgHarness(t), "sqlite": sqliteHarness(t)} {
+	}{"postgres": pgHarness(t), "mysql": mysqlHarness(t), "sqlite": sqliteHarness(t)} {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			o := order{ID: "o1", EventID: uuid.Must(uuid.NewV7())}

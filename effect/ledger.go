@@ -47,7 +47,7 @@ func NewLedger[TTx any](drv driver.Driver[TTx], opts ...LedgerOption) (*Ledger[T
 		return nil, err
 	}
 	switch drv.Dialect() {
-	case driver.Postgres, driver.SQLite:
+	case driver.Postgres, driver.SQLite, driver.MySQL:
 	default:
 		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", drv.Dialect())}
 	}
@@ -144,7 +144,7 @@ func ByEvent(ctx context.Context, exec driver.Executor, tables ferry.Tables, eve
 	if err := tables.Check(); err != nil {
 		return nil, err
 	}
-	q := selectRecords(tables) + ` WHERE event_id = $1 ORDER BY consumer, step`
+	q := selectRecords(tables, exec.Dialect()) + ` WHERE event_id = $1 ORDER BY consumer, step`
 	return queryRecords(ctx, exec, q, eventID.String())
 }
 
@@ -153,7 +153,7 @@ func ByKey(ctx context.Context, exec driver.Executor, tables ferry.Tables, key s
 	if err := tables.Check(); err != nil {
 		return Record{}, false, err
 	}
-	recs, err := queryRecords(ctx, exec, selectRecords(tables)+` WHERE idem_key = $1`, key)
+	recs, err := queryRecords(ctx, exec, selectRecords(tables, exec.Dialect())+` WHERE idem_key = $1`, key)
 	if err != nil || len(recs) == 0 {
 		return Record{}, false, err
 	}
@@ -170,8 +170,12 @@ func (l *Ledger[TTx]) ByKey(ctx context.Context, key string) (Record, bool, erro
 	return ByKey(ctx, l.drv.Executor(), l.tables, key)
 }
 
-func selectRecords(t ferry.Tables) string {
-	return `SELECT idem_key, consumer, CAST(event_id AS TEXT), step, tenant_id, target, operation, state, attempts, reconciliations,
+func selectRecords(t ferry.Tables, d driver.Dialect) string {
+	text := "TEXT"
+	if d == driver.MySQL {
+		text = "CHAR"
+	}
+	return `SELECT idem_key, consumer, CAST(event_id AS ` + text + `), step, tenant_id, target, operation, state, attempts, reconciliations,
 operation_id, response_summary, last_error, created_at, updated_at, next_attempt_at, unknown_since, completed_at FROM ` + t.Name("effects")
 }
 
@@ -269,6 +273,8 @@ type statements struct {
 	insert, requestSHA, claim                               string
 	start, release, succeed, fail, retry, unknown, notFound string
 	countByState, oldestUnknown                             string
+	// MySQL: the claim without RETURNING (mysql.go).
+	mysqlPick, mysqlReadBack string
 }
 
 func newStatements(t ferry.Tables, d driver.Dialect) statements {
@@ -277,7 +283,7 @@ func newStatements(t ferry.Tables, d driver.Dialect) statements {
 	if d == driver.Postgres {
 		lock = " FOR UPDATE SKIP LOCKED"
 	}
-	return statements{
+	st := statements{
 		insert: fmt.Sprintf(`INSERT INTO %s (idem_key, consumer, event_id, step, tenant_id, target, operation, request, request_sha,
     state, next_attempt_at, created_at, updated_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10, $10, $10) ON CONFLICT (idem_key) DO NOTHING`, n),
@@ -326,4 +332,8 @@ WHERE id = $1 AND lease_owner = $2 AND state = 'unknown'`, n),
 		countByState:  fmt.Sprintf(`SELECT state, count(*) FROM %s GROUP BY state`, n),
 		oldestUnknown: fmt.Sprintf(`SELECT unknown_since FROM %s WHERE state = 'unknown' AND unknown_since IS NOT NULL ORDER BY unknown_since LIMIT 1`, n),
 	}
+	if d == driver.MySQL {
+		mysqlStatements(&st, n)
+	}
+	return st
 }

@@ -315,7 +315,18 @@ type row struct {
 func (w *Worker) claim(ctx context.Context, limit int) ([]row, error) {
 	now := w.now().UTC()
 	owner := w.id + "/" + uuid.NewString()[:8]
-	rows, err := w.db.Executor().Query(ctx, w.sql.claim, owner, now.Add(w.cfg.lease), now, limit)
+	query := w.sql.claim
+	if w.sql.mysqlPick != "" {
+		q, err := w.claimMySQL(ctx, owner, now.Add(w.cfg.lease), now, limit)
+		if err != nil {
+			return nil, fmt.Errorf("effect: claim: %w", err)
+		}
+		if q == "" {
+			return nil, nil
+		}
+		query = q
+	}
+	rows, err := w.db.Executor().Query(ctx, query, owner, now.Add(w.cfg.lease), now, limit)
 	if err != nil {
 		return nil, fmt.Errorf("effect: claim: %w", err)
 	}
