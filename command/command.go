@@ -178,7 +178,7 @@ func New[TTx any](drv driver.Driver[TTx], opts ...Option) (*Runner[TTx], error) 
 			Reason: fmt.Sprintf("expiry %s is shorter than the replay window %s; a key forgotten before a replay re-runs the command", cfg.expiry, cfg.replayWindow)}
 	}
 	switch drv.Dialect() {
-	case driver.Postgres, driver.SQLite:
+	case driver.Postgres, driver.SQLite, driver.MySQL:
 	default:
 		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", drv.Dialect())}
 	}
@@ -332,9 +332,17 @@ VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, idem_key) DO NOTHING`, n),
 		store: fmt.Sprintf(`UPDATE %s SET result = $3, event_ids = $4 WHERE tenant_id = $1 AND idem_key = $2`, n),
 		load:  fmt.Sprintf(`SELECT fingerprint, result, event_ids, created_at, expires_at FROM %s WHERE tenant_id = $1 AND idem_key = $2`, n),
 	}
-	if d == driver.Postgres {
+	switch d {
+	case driver.Postgres:
 		s.cleanup = fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid IN (SELECT ctid FROM %[1]s WHERE expires_at <= $1 LIMIT $2)`, n)
-	} else {
+	case driver.MySQL:
+		// MySQL 8 / MariaDB: no ON CONFLICT (a no-op ON DUPLICATE KEY
+		// UPDATE reports 0 rows, as DO NOTHING does, and unlike INSERT
+		// IGNORE keeps strict-mode errors), DELETE … LIMIT directly.
+		s.claim = fmt.Sprintf(`INSERT INTO %s (tenant_id, idem_key, fingerprint, created_at, expires_at)
+VALUES ($1, $2, $3, $4, $5) ON DUPLICATE KEY UPDATE tenant_id = tenant_id`, n)
+		s.cleanup = fmt.Sprintf(`DELETE FROM %s WHERE expires_at <= $1 LIMIT $2`, n)
+	default:
 		s.cleanup = fmt.Sprintf(`DELETE FROM %[1]s WHERE rowid IN (SELECT rowid FROM %[1]s WHERE expires_at <= $1 LIMIT $2)`, n)
 	}
 	return s

@@ -18,6 +18,7 @@ import (
 	"github.com/ferryhq/ferry/command"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/internal/testenv"
@@ -31,7 +32,11 @@ func setup[TTx any](t *testing.T, drv driver.Driver[TTx]) {
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	if _, err := drv.Executor().Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, tenant text NOT NULL, body text NOT NULL)`); err != nil {
+	ddl := `CREATE TABLE orders (id text PRIMARY KEY, tenant text NOT NULL, body text NOT NULL)`
+	if drv.Dialect() == driver.MySQL {
+		ddl = `CREATE TABLE orders (id VARCHAR(64) PRIMARY KEY, tenant text NOT NULL, body text NOT NULL)`
+	}
+	if _, err := drv.Executor().Exec(ctx, ddl); err != nil {
 		t.Fatalf("create orders: %v", err)
 	}
 }
@@ -235,7 +240,7 @@ func runSuite[TTx any](t *testing.T, newDriver func(t *testing.T) driver.Driver[
 }
 
 func TestMain(m *testing.M) {
-	testenv.Announce("command", testenv.Postgres)
+	testenv.Announce("command", testenv.Postgres, testenv.MySQL)
 	goleak.VerifyTestMain(m)
 }
 
@@ -290,6 +295,12 @@ func TestPgx(t *testing.T) {
 func TestDatabaseSQLPostgres(t *testing.T) {
 	runSuite(t, func(t *testing.T) driver.Driver[*sql.Tx] {
 		return databasesql.New(testenv.NewPostgresSchema(t).OpenSQL(t), driver.Postgres)
+	})
+}
+
+func TestMySQL(t *testing.T) {
+	runSuite(t, func(t *testing.T) driver.Driver[*sql.Tx] {
+		return mysql.New(testenv.NewMySQLDatabase(t).DB)
 	})
 }
 
