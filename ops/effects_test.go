@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/effect"
@@ -34,6 +35,9 @@ func TestRequeueFailedEffects(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) {
 		db, _ := testenv.NewSQLite(t)
 		requeueScenario(t, sqlite.New(db))
+	})
+	t.Run("mysql", func(t *testing.T) {
+		requeueScenario(t, mysql.New(testenv.NewMySQLDatabase(t).DB))
 	})
 }
 

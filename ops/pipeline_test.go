@@ -19,6 +19,7 @@ import (
 	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/command"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/effect"
@@ -93,13 +94,17 @@ func newPipeline(t *testing.T, dialect string, unordered bool) *pipeline {
 		e := newSQLite(t)
 		return buildPipeline(t, e, sqlite.New(e.sqlDB), unordered)
 	}
+	if dialect == "mysql" {
+		e := newMySQL(t)
+		return buildPipeline(t, e, mysql.New(e.sqlDB), unordered)
+	}
 	e := newPostgres(t)
 	return buildPipeline(t, e, pgxv5.New(e.pg.Pool), unordered)
 }
 
-// pipelines runs fn on a Postgres and a SQLite pipeline.
+// pipelines runs fn on a Postgres, a SQLite and a MySQL pipeline.
 func pipelines(t *testing.T, unordered bool, fn func(t *testing.T, p *pipeline)) {
-	for _, d := range []string{"postgres", "sqlite"} {
+	for _, d := range []string{"postgres", "sqlite", "mysql"} {
 		t.Run(d, func(t *testing.T) { fn(t, newPipeline(t, d, unordered)) })
 	}
 }
@@ -108,7 +113,7 @@ func buildPipeline[TTx any](t *testing.T, e *env, drv driver.Driver[TTx], unorde
 	t.Helper()
 	ctx := context.Background()
 	mustExec(t, e, `CREATE TABLE applications (event_id text NOT NULL, consumer text NOT NULL)`)
-	mustExec(t, e, `CREATE TABLE revoked (principal text PRIMARY KEY)`)
+	mustExec(t, e, `CREATE TABLE revoked (principal varchar(200) PRIMARY KEY)`)
 
 	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
 	if err != nil {
