@@ -102,6 +102,15 @@ func BenchmarkDrainNATS(b *testing.B) {
 	benchDrain(b, s, n.publisher(b))
 }
 
+// BenchmarkDrainNATSMySQL: MySQL/MariaDB → the system NATS JetStream
+// server (the same drain; the claim is one statement per owned shard).
+func BenchmarkDrainNATSMySQL(b *testing.B) {
+	s := newMySQLStore(b, ferry.DefaultShardCount)
+	n, prefix := systemNATS(b)
+	s.insert = s.writer(b, ferry.TopicTemplate(prefix+".{aggregate_type}"))
+	benchDrain(b, s, n.publisher(b))
+}
+
 // BenchmarkDrainKafka: Postgres → kfake (in-process Kafka over the wire).
 func BenchmarkDrainKafka(b *testing.B) {
 	s := newPGStore(b, ferry.DefaultShardCount)

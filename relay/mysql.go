@@ -87,13 +87,13 @@ ON DUPLICATE KEY UPDATE shard_count = VALUES(shard_count), heartbeat_at = VALUES
 		},
 	}
 
-	q.markSent = fmt.Sprintf(`UPDATE %[1]s JOIN %[3]s ON %[1]s.id = m.id
+	q.markSent = fmt.Sprintf(`UPDATE %[3]s STRAIGHT_JOIN %[1]s ON %[1]s.id = m.id
 SET %[1]s.status = 'sent', %[1]s.published_at = %[2]s, %[1]s.broker_receipt = m.receipt
 WHERE %[1]s.status = 'pending' AND %[4]s`,
 		outbox, now, mysqlRowsOf("$2", "id", "fence", "receipt"), fence)
 	// MySQL assigns left to right and later assignments see earlier ones:
 	// attempts first is fine, nothing after it reads attempts.
-	q.markFailed = fmt.Sprintf(`UPDATE %[1]s JOIN %[3]s ON %[1]s.id = m.id
+	q.markFailed = fmt.Sprintf(`UPDATE %[3]s STRAIGHT_JOIN %[1]s ON %[1]s.id = m.id
 SET %[1]s.attempts = %[1]s.attempts + m.charge,
     %[1]s.status = CASE WHEN m.dead = 'true' THEN 'dead' ELSE 'pending' END,
     %[1]s.next_attempt_at = %[2]s, %[1]s.last_error = m.err
