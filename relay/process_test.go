@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/ferryhq/ferry/outbox"
 	"io"
 	"net/http"
 	"os"
@@ -100,12 +101,18 @@ func tail(s string, n int) string {
 // its shards move to the others within the lease TTL, and every event
 // reaches the broker exactly once in the stream, per aggregate in order.
 func TestThreeRelayProcesses(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testThreeRelayProcesses(t, st.new) })
+	}
+}
+
+func testThreeRelayProcesses(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
 	if testing.Short() {
 		t.Skip("builds the ferry binary and runs 10,000 events")
 	}
 	const shards = 16
 	const ttl = 1500 * time.Millisecond
-	s := newPGStore(t, shards)
+	s := newStore(t, shards)
 	n, prefix := systemNATS(t)
 	insert := s.withTopic(t, prefix+".{aggregate_type}")
 	bin := buildFerry(t)
