@@ -18,8 +18,19 @@ import (
 // through database/sql: order 1,3,2 with a duplicate publish, then a crash
 // after the commit and before the ack — the requeued message is absorbed.
 func TestRabbitMQToPostgres(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		mk   func(*testing.T) store
+	}{{"postgres", postgresStore}, {"mysql", mysqlStore}} {
+		t.Run(c.name, func(t *testing.T) { testRabbitMQInbox(t, c.mk) })
+	}
+}
+
+// testRabbitMQInbox is TestRabbitMQToPostgres on the store mk makes (the
+// same scenario on MariaDB).
+func testRabbitMQInbox(t *testing.T, mk func(*testing.T) store) {
 	url := testenv.RabbitMQURL(t)
-	st := postgresStore(t)
+	st := mk(t)
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
 	top := rabbitmq.Topology{Exchange: "ferry-inbox-test-" + hex.EncodeToString(b), Queue: "ferry-inbox-test-q-" + hex.EncodeToString(b)}

@@ -292,10 +292,16 @@ func httpBody(t *testing.T, url string) string {
 // it refuses to start when a topic is missing (naming --provision), and
 // publishes every event in per-aggregate order when it exists.
 func TestRelayProcessKafka(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testRelayProcessKafka(t, st.new) })
+	}
+}
+
+func testRelayProcessKafka(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
 	if testing.Short() {
 		t.Skip("builds the ferry binary")
 	}
-	s := newPGStore(t, 4)
+	s := newStore(t, 4)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, kafkaTopic))
 	if err != nil {
 		t.Fatal(err)
