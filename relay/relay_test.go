@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"strings"
 	"sync"
 	"testing"
@@ -330,21 +332,45 @@ func TestConfigValidation(t *testing.T) {
 // every statement (claim, marks, leases, instances, the discarded_at
 // probe), so nothing silently reads the default tables.
 func TestCustomTables(t *testing.T) {
-	ps := testenv.NewPostgresSchema(t)
-	tables := ferry.Tables{Schema: ps.Schema + "_app", Prefix: "app_"}
-	drv := pgxv5.New(ps.Pool)
+	t.Run("postgres", func(t *testing.T) {
+		ps := testenv.NewPostgresSchema(t)
+		tables := ferry.Tables{Schema: ps.Schema + "_app", Prefix: "app_"}
+		t.Cleanup(func() { _, _ = ps.Pool.Exec(context.Background(), `DROP SCHEMA "`+tables.Schema+`" CASCADE`) })
+		drv := pgxv5.New(ps.Pool)
+		if _, err := migrate.Up(context.Background(), drv, tables); err != nil {
+			t.Fatal(err)
+		}
+		w, err := outbox.New(drv, outbox.WithTables(tables), outbox.WithShardCount(2), outbox.WithTopicTemplate(topicPrefix+".{aggregate_type}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		testCustomTables(t, drv, tables, w.Insert)
+	})
+	t.Run("mysql", func(t *testing.T) {
+		// On MySQL the schema is a database on the same server.
+		d := testenv.NewMySQLDatabase(t)
+		tables := ferry.Tables{Schema: d.Name + "_app", Prefix: "app_"}
+		if _, err := d.DB.Exec("CREATE DATABASE `" + tables.Schema + "`"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = d.DB.Exec("DROP DATABASE `" + tables.Schema + "`") })
+		drv := mysql.New(d.DB)
+		if _, err := migrate.Up(context.Background(), drv, tables); err != nil {
+			t.Fatal(err)
+		}
+		w, err := outbox.New(drv, outbox.WithTables(tables), outbox.WithShardCount(2), outbox.WithTopicTemplate(topicPrefix+".{aggregate_type}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		testCustomTables(t, drv, tables, w.Insert)
+	})
+}
+
+func testCustomTables(t *testing.T, drv DB, tables ferry.Tables, w func(context.Context, ...ferry.Event) ([]ferry.Event, error)) {
 	ctx := context.Background()
-	if _, err := migrate.Up(ctx, drv, tables); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = ps.Pool.Exec(context.Background(), `DROP SCHEMA "`+tables.Schema+`" CASCADE`) })
-	w, err := outbox.New(drv, outbox.WithTables(tables), outbox.WithShardCount(2), outbox.WithTopicTemplate(topicPrefix+".{aggregate_type}"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var want []ferry.Event
 	for i := 0; i < 20; i++ {
-		got, err := w.Insert(ctx, ev(fmt.Sprint("c", i%3), "x"))
+		got, err := w(ctx, ev(fmt.Sprint("c", i%3), "x"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,11 +383,11 @@ func TestCustomTables(t *testing.T) {
 	}
 	runRelay(t, r)
 	waitFor(t, 20*time.Second, "all sent", func() bool { return r.Status().Published == uint64(len(want)) })
-	var sent int
-	if err := ps.Pool.QueryRow(ctx, `SELECT count(*) FROM "`+tables.Schema+`"."app_outbox" WHERE status = 'sent'`).Scan(&sent); err != nil {
+	var sent int64
+	if _, err := driver.QueryRow(ctx, drv.Executor(), `SELECT count(*) FROM `+tables.Name("outbox")+` WHERE status = 'sent'`, nil, &sent); err != nil {
 		t.Fatal(err)
 	}
-	if sent != len(want) {
+	if int(sent) != len(want) {
 		t.Fatalf("%d rows sent in the custom table, want %d", sent, len(want))
 	}
 	checkBroker(t, n.read(t), want)
