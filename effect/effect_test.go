@@ -500,7 +500,11 @@ func TestCrashAfterApplySIGKILL(t *testing.T) {
 // ---- outage: breaker, bounded attempts, nothing lost ----
 
 func TestProviderOutage(t *testing.T) {
-	res := runOutage(t, true)
+	t.Run("postgres", func(t *testing.T) { testProviderOutage(t, runOutage(t, pgHarness(t), true)) })
+	t.Run("mysql", func(t *testing.T) { testProviderOutage(t, runOutage(t, mysqlHarness(t), true)) })
+}
+
+func testProviderOutage(t *testing.T, res outageResult) {
 	if res.succeeded != res.n {
 		t.Fatalf("after recovery: %d of %d succeeded (nothing may be lost)", res.succeeded, res.n)
 	}
@@ -522,7 +526,11 @@ func TestProviderOutage(t *testing.T) {
 // with the breaker effectively removed turns into a retry storm — many more
 // attempts, and intents burn their attempt budget while nothing is sent.
 func TestProviderOutageWithoutBreaker(t *testing.T) {
-	res := runOutage(t, false)
+	t.Run("postgres", func(t *testing.T) { testProviderOutageWithoutBreaker(t, runOutage(t, pgHarness(t), false)) })
+	t.Run("mysql", func(t *testing.T) { testProviderOutageWithoutBreaker(t, runOutage(t, mysqlHarness(t), false)) })
+}
+
+func testProviderOutageWithoutBreaker(t *testing.T, res outageResult) {
 	t.Logf("outage without breaker: %v attempts during 3s of outage, %d of %d failed with attempts exhausted",
 		res.outageAttempts, res.failed, res.n)
 	if res.outageAttempts <= float64(res.n)/2 && res.failed == 0 {
@@ -536,8 +544,7 @@ type outageResult struct {
 	transitions                              string
 }
 
-func runOutage(t *testing.T, withBreaker bool) outageResult {
-	h := pgHarness(t)
+func runOutage[TTx any](t *testing.T, h *harness[TTx], withBreaker bool) outageResult {
 	p := newProvider(t, modeNormal)
 	const n, maxAttempts = 100, 6
 	orders := h.placeOrders(t, n)
