@@ -69,7 +69,16 @@ func TestListenNotify(t *testing.T) {
 // TestNotifySQLite: the in-process signal wakes the relay (SQLite has no
 // LISTEN/NOTIFY).
 func TestNotifySQLite(t *testing.T) {
-	s := newSQLiteStore(t, 2)
+	testNotifyInProcess(t, newSQLiteStore(t, 2))
+}
+
+// TestNotifyMySQL: MySQL has no NOTIFY; the relay polls, and Notify() in
+// the producer's process wakes it at once (the same check as SQLite's).
+func TestNotifyMySQL(t *testing.T) {
+	testNotifyInProcess(t, newMySQLStore(t, 2))
+}
+
+func testNotifyInProcess(t *testing.T, s *store) {
 	n := startEmbeddedNATS(t)
 	r, err := New(s.db, n.publisher(t), fastOpts(2, WithPollInterval(time.Minute))...)
 	if err != nil {
