@@ -91,11 +91,22 @@ func (s *natsStream) createReplicated(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: s.name, Subjects: []string{s.name + ".>"}, Storage: jetstream.FileStorage,
-		Duplicates: 2 * time.Minute, Replicas: clusterNodes,
-	}); err != nil {
-		return fmt.Errorf("prove: create replicated stream %s: %w", s.name, err)
+	// After a fault the meta leader may still count a restarted or healed
+	// node offline for a few seconds ("no suitable peers for placement"):
+	// retry within a bound.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+			Name: s.name, Subjects: []string{s.name + ".>"}, Storage: jetstream.FileStorage,
+			Duplicates: 2 * time.Minute, Replicas: clusterNodes,
+		})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("prove: create replicated stream %s: %w", s.name, err)
+		}
+		sleepCtx(ctx, 250*time.Millisecond)
 	}
 	// Same durable config as create's; createReplayConsumer makes exactly it.
 	return s.createReplayConsumer(ctx, "prove")
@@ -136,6 +147,59 @@ func waitLeader(ctx context.Context, url, stream, not string, limit time.Duratio
 		}
 		sleepCtx(ctx, 100*time.Millisecond)
 	}
+}
+
+// waitReplicasCurrent polls until the stream has a leader and every
+// replica is online and current, so the checker reads a converged stream.
+// The stream must also answer a full read (what the checker does) twice
+// in a row: right after a heal a node may still answer 503 "JetStream
+// system temporarily unavailable".
+func waitReplicasCurrent(ctx context.Context, s *natsStream, limit time.Duration) error {
+	url, stream := s.url, s.name
+	deadline := time.Now().Add(limit)
+	reads := 0
+	for {
+		ok, why := replicasCurrent(ctx, url, stream)
+		if ok {
+			if _, err := s.readAll(ctx); err != nil {
+				ok, why, reads = false, err.Error(), 0
+			} else if reads++; reads >= 2 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("prove: stream %s replicas not current within %s: %s", stream, limit, why)
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+}
+
+func replicasCurrent(ctx context.Context, url, stream string) (bool, string) {
+	nc, js, err := natsConnect(url, "ferry-prove-checker")
+	if err != nil {
+		return false, err.Error()
+	}
+	defer nc.Close()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return false, err.Error()
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return false, err.Error()
+	}
+	if info.Cluster == nil || info.Cluster.Leader == "" {
+		return false, "no leader"
+	}
+	if len(info.Cluster.Replicas) != clusterNodes-1 {
+		return false, fmt.Sprintf("%d followers", len(info.Cluster.Replicas))
+	}
+	for _, r := range info.Cluster.Replicas {
+		if !r.Current || r.Offline {
+			return false, fmt.Sprintf("replica %s current=%v offline=%v lag=%d", r.Name, r.Current, r.Offline, r.Lag)
+		}
+	}
+	return true, ""
 }
 
 // Cluster faults (scenario.clusterFault).
@@ -185,6 +249,9 @@ func runClusterFault(ctx context.Context, e *env, kind string) (string, error) {
 		if err := nc.c.WaitReady(20 * time.Second); err != nil {
 			return "", err
 		}
+		if err := waitReplicasCurrent(ctx, s, 20*time.Second); err != nil {
+			return "", err
+		}
 		return fmt.Sprintf("stream leader %s shut down, %s took over, %s restarted", old, newLeader, old), nil
 	case clusterPartition:
 		nc.isolate(node)
@@ -195,6 +262,9 @@ func runClusterFault(ctx context.Context, e *env, kind string) (string, error) {
 			return "", lerr
 		}
 		if err := nc.c.WaitReady(20 * time.Second); err != nil {
+			return "", err
+		}
+		if err := waitReplicasCurrent(ctx, s, 20*time.Second); err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("stream leader %s cut off from the other nodes, %s took over, partition healed", old, newLeader), nil
