@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -25,13 +27,14 @@ func newBenchProduceCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "produce",
-		Short: "Producer cost on Postgres: business tx alone vs + hand-written outbox INSERT vs + Ferry (sequenced)",
+		Short: "Producer cost on Postgres or MySQL: business tx alone vs + hand-written outbox INSERT vs + Ferry (sequenced)",
 		Long: `Runs three transactions against --database-url (Postgres) at each client
 count: (a) BEGIN; INSERT order; COMMIT, (b) the same plus a hand-written outbox
 INSERT, (c) the same through Ferry's writer with per-aggregate sequencing.
 Variants are interleaved for --rounds rounds and the median rate is reported,
 so drift on a shared machine hits all three alike. Creates bench_orders and
-Ferry's tables in the connection's search_path.
+Ferry's tables in the connection's search_path (Postgres) or in a scratch
+database dropped afterwards (mysql://…; CPU figures are Postgres-only).
 
 Each measurement also reports CPU per transaction: the benchmark process's
 own, and — when Postgres runs on this host (Linux) — the whole Postgres
@@ -54,22 +57,47 @@ sequence row).`,
 			if sf.url == "" {
 				return fmt.Errorf("no database: set --database-url or FERRY_DATABASE_URL (Postgres)")
 			}
-			cfg, err := pgxpool.ParseConfig(sf.url)
-			if err != nil {
-				return fmt.Errorf("database-url: %w", err)
+			// r measures one variant; Postgres and MySQL have their own runner.
+			var r interface {
+				Measure(ctx context.Context, v producebench.Variant, clients int, d time.Duration) (producebench.Result, error)
 			}
-			cfg.MaxConns = int32(slices.Max(clients) + 4)
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			if err := producebench.Setup(ctx, pool, sf.tables()); err != nil {
-				return err
-			}
-			r, err := producebench.New(pool, sf.tables(), notify)
-			if err != nil {
-				return err
+			if strings.HasPrefix(sf.url, "mysql://") {
+				if ref {
+					return fmt.Errorf("--reference: the reference variants are Postgres statements; not offered on mysql://")
+				}
+				// A scratch database on the server, dropped afterwards.
+				drv, drop, err := benchMySQLScratch(ctx, sf.url, "ferry_bench_"+benchRandHex(), slices.Max(clients)+4)
+				if err != nil {
+					return err
+				}
+				defer drop()
+				if err := producebench.SetupMySQL(ctx, drv.DB(), sf.tables()); err != nil {
+					return err
+				}
+				mr, err := producebench.NewMySQL(drv.DB(), sf.tables())
+				if err != nil {
+					return err
+				}
+				r = mr
+			} else {
+				cfg, err := pgxpool.ParseConfig(sf.url)
+				if err != nil {
+					return fmt.Errorf("database-url: %w", err)
+				}
+				cfg.MaxConns = int32(slices.Max(clients) + 4)
+				pool, err := pgxpool.NewWithConfig(ctx, cfg)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				if err := producebench.Setup(ctx, pool, sf.tables()); err != nil {
+					return err
+				}
+				pr, err := producebench.New(pool, sf.tables(), notify)
+				if err != nil {
+					return err
+				}
+				r = pr
 			}
 			variants := slices.Clone(producebench.Variants)
 			if ref {

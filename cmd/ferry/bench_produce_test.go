@@ -64,3 +64,34 @@ func TestBenchProduceReference(t *testing.T) {
 		t.Errorf("reference variants ran without --reference:\n%s", text)
 	}
 }
+
+// `ferry bench produce --database-url mysql://…` measures the three variants
+// in a scratch database it drops afterwards; --reference is refused there.
+func TestBenchProduceMySQL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs three benchmark variants")
+	}
+	url := testenv.MySQLURL(t)
+	out, err := runCLI(t, "bench", "produce", "--database-url", url, "--clients", "2", "--rounds", "1", "--duration", "150ms", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var rows []struct {
+		Rates map[string]float64 `json:"median_tx_per_sec"`
+		Ratio float64            `json:"c_over_b"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(rows) != 1 || rows[0].Ratio <= 0 {
+		t.Fatalf("rows %+v", rows)
+	}
+	for _, v := range producebench.Variants {
+		if rows[0].Rates[string(v)] <= 0 {
+			t.Errorf("variant %s: rate %v", v, rows[0].Rates[string(v)])
+		}
+	}
+	if _, err := runCLI(t, "bench", "produce", "--database-url", url, "--reference", "--duration", "10ms"); err == nil || !strings.Contains(err.Error(), "--reference") {
+		t.Errorf("--reference on mysql: err = %v, want a refusal naming the flag", err)
+	}
+}
