@@ -150,6 +150,15 @@ type streamMsg struct {
 // readAll reads every stored message of the stream, from the broker, by
 // sequence: this is what the checker trusts, never a relay's receipt.
 func (s *natsStream) readAll(ctx context.Context) ([]streamMsg, error) {
+	var out []streamMsg
+	err := retryUnavailable(ctx, func() (err error) {
+		out, err = s.readAllOnce(ctx)
+		return err
+	})
+	return out, err
+}
+
+func (s *natsStream) readAllOnce(ctx context.Context) ([]streamMsg, error) {
 	nc, js, err := natsConnect(s.url, "ferry-prove-checker")
 	if err != nil {
 		return nil, err
@@ -224,6 +233,15 @@ func (s *natsStream) createReplayConsumer(ctx context.Context, durable string) e
 // message the consumer skipped for good: once everything is acked the
 // floor is the last sequence.
 func (s *natsStream) owed(ctx context.Context, durable string, msgs []streamMsg) (owedSet, error) {
+	var out owedSet
+	err := retryUnavailable(ctx, func() (err error) {
+		out, err = s.owedOnce(ctx, durable, msgs)
+		return err
+	})
+	return out, err
+}
+
+func (s *natsStream) owedOnce(ctx context.Context, durable string, msgs []streamMsg) (owedSet, error) {
 	nc, js, err := natsConnect(s.url, "ferry-prove-checker")
 	if err != nil {
 		return owedSet{}, err
@@ -248,6 +266,15 @@ func (s *natsStream) owed(ctx context.Context, durable string, msgs []streamMsg)
 
 // drained reports whether durable has nothing pending or unacked.
 func (s *natsStream) drained(ctx context.Context, durable string) (bool, error) {
+	var out bool
+	err := retryUnavailable(ctx, func() (err error) {
+		out, err = s.drainedOnce(ctx, durable)
+		return err
+	})
+	return out, err
+}
+
+func (s *natsStream) drainedOnce(ctx context.Context, durable string) (bool, error) {
 	nc, js, err := natsConnect(s.url, "ferry-prove-checker")
 	if err != nil {
 		return false, err
@@ -262,4 +289,33 @@ func (s *natsStream) drained(ctx context.Context, durable string) (bool, error) 
 		return false, fmt.Errorf("prove: consumer info: %w", err)
 	}
 	return info.NumPending == 0 && info.NumAckPending == 0, nil
+}
+
+// unavailableRetry bounds how long the checker's broker reads retry a
+// JetStream that answers "temporarily unavailable" (503) or times out: on
+// a cluster that just healed a node, a read may land on a server whose
+// meta layer has not caught up yet. A broker that stays unavailable
+// longer still fails the run.
+const unavailableRetry = 20 * time.Second
+
+func retryUnavailable(ctx context.Context, read func() error) error {
+	deadline := time.Now().Add(unavailableRetry)
+	for {
+		err := read()
+		if err == nil || !brokerUnavailable(err) || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		sleepCtx(ctx, 200*time.Millisecond)
+	}
+}
+
+// brokerUnavailable reports the transient answers of a JetStream cluster in
+// transition; anything else (no such stream, bad request) is final.
+func brokerUnavailable(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.Code == 503 {
+		return true
+	}
+	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, context.DeadlineExceeded)
 }
