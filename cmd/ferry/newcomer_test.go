@@ -78,6 +78,11 @@ func TestCLIAsANewcomer(t *testing.T) {
 			wantErr: []string{"--dead-policy must be"}},
 		{name: "relay cleanup interval", args: []string{"relay", "--cleanup-interval", "-1h", "--database-url", "postgres://nobody@127.0.0.1:1/none", "--broker-url", "embedded"},
 			wantErr: []string{"--cleanup-interval must be >= 0"}},
+		// Refused before connecting: nothing listens on port 1.
+		{name: "relay cdc on mysql", args: []string{"relay", "--mode", "cdc", "--database-url", "mysql://nobody@127.0.0.1:1/none", "--broker-url", "embedded"},
+			wantErr: []string{"--mode cdc needs a Postgres --database-url", "mysql", "--mode poll"}},
+		{name: "relay cdc on sqlite", args: []string{"relay", "--mode", "cdc", "--database-url", "sqlite:none.db", "--broker-url", "embedded"},
+			wantErr: []string{"--mode cdc needs a Postgres --database-url", "sqlite"}},
 		{name: "status negative watch", args: []string{"status", "--watch", "-1s", "--database-url", migrated},
 			wantErr: []string{"--watch must be >= 0", "-1s"}},
 		{name: "status negative soft cap", args: []string{"status", "--soft-cap", "-5", "--database-url", migrated},

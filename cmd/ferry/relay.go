@@ -28,6 +28,7 @@ import (
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/broker/rabbitmq"
+	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/relay"
 )
@@ -161,6 +162,13 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 	}
 	if f.mode != "poll" && f.mode != "cdc" {
 		return fmt.Errorf(`--mode must be "poll" or "cdc", got %q`, f.mode)
+	}
+	if f.mode == "cdc" {
+		// Refused before anything connects: only Postgres has the logical
+		// replication the CDC relay reads.
+		if d, _, err := parseDatabaseURL(f.store.url); err == nil && d != driver.Postgres {
+			return fmt.Errorf("--mode cdc needs a Postgres --database-url (logical replication); got a %s URL: use --mode poll", d)
+		}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
