@@ -40,6 +40,10 @@ type benchRelayFlags struct {
 	aggs      int
 	workers   int
 	batch     int
+	// --backlog / --table-rows: the large-table drain (bench_relay_scale.go)
+	backlog   int
+	tableRows int
+	asJSON    bool
 }
 
 func newBenchRelayCmd() *cobra.Command {
@@ -79,6 +83,9 @@ high-water mark, producer included: an upper bound for the relay's.`,
 	fl.IntVar(&f.aggs, "aggregates", 1000, "aggregates the events are spread over")
 	fl.IntVar(&f.workers, "workers", relay.DefaultWorkers, "relay workers")
 	fl.IntVar(&f.batch, "batch-size", relay.DefaultBatchSize, "relay batch size")
+	fl.IntVar(&f.backlog, "backlog", 0, "large-table drain instead of the default runs: pre-fill this many pending rows with one INSERT … SELECT generate_series (Postgres only)")
+	fl.IntVar(&f.tableRows, "table-rows", 0, "with --backlog: sent rows already in the outbox (ids below the backlog's)")
+	fl.BoolVar(&f.asJSON, "json", false, "with --backlog: print one JSON object")
 	return cmd
 }
 
@@ -86,6 +93,9 @@ func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error
 	mysqlDB := strings.HasPrefix(f.dbURL, "mysql://")
 	if !strings.HasPrefix(f.dbURL, "postgres") && !mysqlDB {
 		return errors.New("--database-url must be a postgres:// or mysql:// URL")
+	}
+	if f.backlog > 0 || f.tableRows > 0 || f.asJSON {
+		return runBenchRelayScale(ctx, out, f)
 	}
 	if f.events < 1 || f.rate < 1 || f.latencyN < 1 || f.aggs < 1 || f.payload < 0 {
 		return errors.New("--events, --rate, --latency-events, --aggregates must be >= 1")
@@ -155,28 +165,11 @@ func benchRelayRun(ctx context.Context, f *benchRelayFlags, kind string, notify 
 		defer drop()
 		return benchRelayMeasure(ctx, f, kind, suffix, drv, drv, nil)
 	}
-	schema := "ferry_bench_" + suffix
-	admin, err := pgxpool.New(ctx, f.dbURL)
+	pool, drop, err := benchPGScratch(ctx, f.dbURL, "ferry_bench_"+suffix, nil)
 	if err != nil {
 		return benchResult{}, err
 	}
-	defer admin.Close()
-	if _, err := admin.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA %q`, schema)); err != nil {
-		return benchResult{}, err
-	}
-	defer func() { _, _ = admin.Exec(context.WithoutCancel(ctx), fmt.Sprintf(`DROP SCHEMA %q CASCADE`, schema)) }()
-	u, err := url.Parse(f.dbURL)
-	if err != nil {
-		return benchResult{}, err
-	}
-	qv := u.Query()
-	qv.Set("search_path", schema)
-	u.RawQuery = qv.Encode()
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		return benchResult{}, err
-	}
-	defer pool.Close()
+	defer drop()
 	drv := pgxv5.New(pool)
 	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
 		return benchResult{}, err
@@ -352,4 +345,45 @@ func benchPeakRSS() int64 {
 		}
 	}
 	return 0
+}
+
+// benchPGScratch creates schema in the Postgres database at dbURL and a
+// pool whose search_path is that schema; adjust, when set, edits the
+// pool's config first (e.g. a tracer). drop closes the pool and drops the
+// schema with everything in it.
+func benchPGScratch(ctx context.Context, dbURL, schema string, adjust func(*pgxpool.Config)) (*pgxpool.Pool, func(), error) {
+	admin, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := admin.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA %q`, schema)); err != nil {
+		admin.Close()
+		return nil, nil, err
+	}
+	dropSchema := func() {
+		_, _ = admin.Exec(context.WithoutCancel(ctx), fmt.Sprintf(`DROP SCHEMA %q CASCADE`, schema))
+		admin.Close()
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		dropSchema()
+		return nil, nil, err
+	}
+	qv := u.Query()
+	qv.Set("search_path", schema)
+	u.RawQuery = qv.Encode()
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		dropSchema()
+		return nil, nil, err
+	}
+	if adjust != nil {
+		adjust(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		dropSchema()
+		return nil, nil, err
+	}
+	return pool, func() { pool.Close(); dropSchema() }, nil
 }
