@@ -21,8 +21,12 @@ func TestImportsStayLight(t *testing.T) {
 		{"./driver/databasesql", []string{"modernc.org/sqlite", "github.com/jackc/pgx", "github.com/go-sql-driver/mysql"}},
 		{"./driver/sqlite", []string{"github.com/jackc/pgx", "github.com/go-sql-driver/mysql"}},
 		{"./driver/pgxv5", []string{"modernc.org/sqlite", "github.com/go-sql-driver/mysql"}},
-		{"./outbox", []string{"modernc.org/sqlite", "github.com/jackc/pgx", "github.com/nats-io", "github.com/twmb/franz-go", "github.com/rabbitmq"}},
-		{"./inbox", []string{"modernc.org/sqlite", "github.com/nats-io/nats-server", "github.com/twmb/franz-go/pkg/kfake"}},
+		{"./outbox", []string{"modernc.org/sqlite", "github.com/jackc/pgx", "github.com/nats-io", "github.com/twmb/franz-go", "github.com/rabbitmq", "gocloud.dev"}},
+		{"./inbox", []string{"modernc.org/sqlite", "github.com/nats-io/nats-server", "github.com/twmb/franz-go/pkg/kfake", "gocloud.dev"}},
+		// The archive's blob client lives in package archive, not in ops.
+		{"./ops", []string{"gocloud.dev", "google.golang.org/api"}},
+		// archive links only the file and memory drivers; cloud ones are the user's choice.
+		{"./archive", []string{"gocloud.dev/blob/s3blob", "gocloud.dev/blob/gcsblob", "gocloud.dev/blob/azureblob", "github.com/aws/aws-sdk-go-v2", "cloud.google.com/go/storage", "github.com/Azure/azure-sdk-for-go"}},
 		{".", []string{"modernc.org/sqlite", "github.com/jackc/pgx", "github.com/nats-io"}},
 	}
 	for _, c := range cases {

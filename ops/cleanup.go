@@ -159,6 +159,10 @@ type CleanupOptions struct {
 	MaxBatches int
 	// Pause sleeps between batches to leave room for the producers.
 	Pause time.Duration
+	// Archive, when set, receives each batch's rows before they are
+	// deleted; a batch whose archive is not confirmed deletes nothing and
+	// ends the cleanup with the error (see Archiver, package archive).
+	Archive Archiver `json:"-"`
 }
 
 // CleanupResult counts deleted (or, on a dry run, eligible) rows per table.
@@ -172,6 +176,10 @@ type CleanupResult struct {
 	ResolvedParked int64 `json:"resolved_parked"`
 	Effects        int64 `json:"effects"`
 	Batches        int   `json:"batches"`
+	// Archived counts rows copied to Archive (at ArchiveLocation) before
+	// they were deleted.
+	Archived        int64  `json:"archived,omitempty"`
+	ArchiveLocation string `json:"archive,omitempty"`
 	// Skipped names tables that are not installed (e.g. no inbox yet).
 	Skipped []string `json:"skipped,omitempty"`
 	AuditID int64    `json:"audit_id,omitempty"`
@@ -256,6 +264,9 @@ func (o *Ops) cleanup(ctx context.Context, opts CleanupOptions, a Approval, audi
 	if err := CheckRetention(opts, w); err != nil {
 		return res, err
 	}
+	if opts.Archive != nil {
+		res.ArchiveLocation = opts.Archive.Location()
+	}
 	now := o.now()
 	for _, tgt := range o.cleanupTargets(ctx, opts, now, &res) {
 		if tgt.skip {
@@ -264,6 +275,9 @@ func (o *Ops) cleanup(ctx context.Context, opts CleanupOptions, a Approval, audi
 		n, batches, err := o.deleteBatches(ctx, tgt, opts, !a.Approve)
 		res.Batches += batches
 		*tgt.count += n
+		if opts.Archive != nil && a.Approve {
+			res.Archived += n
+		}
 		if err != nil {
 			return res, err
 		}
@@ -354,19 +368,31 @@ func (o *Ops) deleteBatches(ctx context.Context, t cleanupTarget, opts CleanupOp
 		return n, 0, nil
 	}
 	q := o.cleanupDelete(t, opts.BatchSize)
+	schema := 0
+	if opts.Archive != nil {
+		schema = o.schemaVersion(ctx)
+	}
 	var total int64
 	batches := 0
 	for opts.MaxBatches == 0 || batches < opts.MaxBatches {
 		if err := ctx.Err(); err != nil {
 			return total, batches, err
 		}
-		n, err := exec.Exec(ctx, q, t.args...)
+		var n, seen int64
+		var err error
+		if opts.Archive != nil {
+			// Archive first; delete only what the archive confirmed.
+			n, seen, err = o.archiveThenDelete(ctx, t, opts, schema)
+		} else {
+			n, err = exec.Exec(ctx, q, t.args...)
+			seen = n
+		}
 		if err != nil {
 			return total, batches, fmt.Errorf("ops: cleanup %s: %w", t.table, err)
 		}
 		batches++
 		total += n
-		if n < int64(opts.BatchSize) {
+		if seen < int64(opts.BatchSize) {
 			break
 		}
 		if opts.Pause > 0 {
