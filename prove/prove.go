@@ -247,15 +247,9 @@ func (r *Report) Result(name string) (Result, bool) {
 // when the run could not be carried out (bad options, no broker); check
 // Report.Failed for the verdict.
 func Run(ctx context.Context, opts ...Option) (*Report, error) {
-	cfg := config{seed: 1, events: 400, aggregates: 40, tenants: 3, producers: 4, duration: 60 * time.Second, ackWait: time.Second}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if err := cfg.validate(); err != nil {
+	cfg, err := newConfig(opts)
+	if err != nil {
 		return nil, err
-	}
-	if cfg.logger == nil {
-		cfg.logger = discardLogger()
 	}
 	names := cfg.scenarios
 	if len(names) == 0 {
@@ -283,6 +277,22 @@ func Run(ctx context.Context, opts ...Option) (*Report, error) {
 	}
 	rep.Elapsed = time.Since(start)
 	return rep, nil
+}
+
+// newConfig applies opts over the defaults and validates the result (Run
+// and RunSoak share it).
+func newConfig(opts []Option) (config, error) {
+	cfg := config{seed: 1, events: 400, aggregates: 40, tenants: 3, producers: 4, duration: 60 * time.Second, ackWait: time.Second}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return config{}, err
+	}
+	if cfg.logger == nil {
+		cfg.logger = discardLogger()
+	}
+	return cfg, nil
 }
 
 // ScenarioInfo describes a scenario for listings.

@@ -53,6 +53,10 @@ type workerJob struct {
 	// Schema: role "cdc" — the outbox schema, also its slot's and
 	// publication's name; DatabaseURL is then the admin URL.
 	Schema string `json:"schema,omitempty"`
+	// StatusFile: the worker rewrites this file with its pid and goroutine
+	// count every StatusEvery (the soak's process figures, soak.go).
+	StatusFile  string        `json:"status_file,omitempty"`
+	StatusEvery time.Duration `json:"status_every,omitempty"`
 }
 
 // workerReport is what a worker prints on stdout when it ends by SIGTERM.
@@ -98,6 +102,9 @@ func RunWorker(ctx context.Context) error {
 		return fmt.Errorf("prove: worker database: %w", err)
 	}
 	defer db.Close()
+	if job.StatusFile != "" {
+		go writeWorkerStatus(ctx, job.StatusFile, job.StatusEvery)
+	}
 	e := &env{db: &database{db: db, drv: databasesql.New(db, dialect), dialect: dialect, drop: func() {}},
 		tr:   transportFromJob(job.Transport),
 		plan: &plan{events: map[string]*plannedEvent{}}, log: slog.New(slog.DiscardHandler),

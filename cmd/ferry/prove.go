@@ -22,6 +22,10 @@ func newProveCmd() *cobra.Command {
 		producers             int
 		duration              time.Duration
 		postgres, brokerURL   string
+		soak                  prove.SoakOptions
+		matrix                bool
+		stacks                []string
+		matrixURLs            prove.MatrixOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "prove",
@@ -53,6 +57,9 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 				}
 				return tw.Flush()
 			}
+			if err := checkProveModes(cmd, soak.Period > 0, matrix); err != nil {
+				return err
+			}
 			exe, err := os.Executable()
 			if err != nil {
 				return fmt.Errorf("prove: locate own executable: %w", err)
@@ -82,6 +89,19 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 			}
 			if refRel {
 				opts = append(opts, prove.WithReferenceRelay())
+			}
+			if soak.Period > 0 {
+				return runSoakCmd(cmd, soak, asJSON, opts)
+			}
+			if matrix {
+				for _, s := range stacks {
+					for _, n := range strings.Split(s, ",") {
+						if n = strings.TrimSpace(n); n != "" {
+							matrixURLs.Stacks = append(matrixURLs.Stacks, n)
+						}
+					}
+				}
+				return runMatrixCmd(cmd, matrixURLs, asJSON, opts)
 			}
 			rep, err := prove.Run(cmd.Context(), opts...)
 			if err != nil {
@@ -116,6 +136,15 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 	_ = f.MarkDeprecated("postgres", "use --database-url")
 	f.StringVar(&brokerURL, "broker", "", "broker: nats://host:port, nats-cluster (prove's own 3-node JetStream cluster, R3 streams), kafka://kfake, kafka://host:port[,…], amqp://user:pass@host:port/ (default: embedded NATS)")
 	f.BoolVar(&refRel, "reference-relay", false, "use prove's reference relay instead of package relay")
+	f.DurationVar(&soak.Period, "soak", 0, "run a bounded soak instead of the scenarios: producers at a steady rate for this long (10s..24h) with faults on a schedule, figures per interval, RSS and goroutines of every process, then the checker")
+	f.DurationVar(&soak.Interval, "soak-interval", 0, "with --soak: one row of figures per interval (default 1m, or the period when shorter)")
+	f.DurationVar(&soak.FaultEvery, "soak-fault-every", 0, "with --soak: the gap from one fault's end to the next fault (default 30s, or a quarter of the period when shorter)")
+	f.IntVar(&soak.Rate, "soak-rate", 0, "with --soak: producer transactions per second, across all producers (default 20)")
+	f.BoolVar(&matrix, "matrix", false, "run the scenarios on every stack of the grid {sqlite, postgres, mysql} × {nats, nats-cluster, kafka (kfake), rabbitmq} and print one scenario × stack table")
+	f.StringSliceVar(&stacks, "stacks", nil, "with --matrix: the stacks to run, comma-separated, e.g. sqlite+nats,postgres+kafka (default: all; names: "+strings.Join(prove.MatrixStackNames(), ",")+")")
+	f.StringVar(&matrixURLs.PostgresURL, "matrix-postgres", "", "with --matrix: postgres://… for the postgres column (without it the column is not applicable)")
+	f.StringVar(&matrixURLs.MySQLURL, "matrix-mysql", "", "with --matrix: mysql://user:pass@host:port/db for the mysql column (without it the column is not applicable)")
+	f.StringVar(&matrixURLs.RabbitMQURL, "matrix-rabbitmq", "", "with --matrix: amqp://user:pass@host:port/ for the rabbitmq column (without it the column is not applicable)")
 	cmd.AddCommand(&cobra.Command{
 		Use:    "worker",
 		Short:  "internal: run a prove worker subprocess (started by prove itself)",
@@ -130,4 +159,69 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 		},
 	})
 	return cmd
+}
+
+// checkProveModes refuses flags that do not apply to the chosen mode
+// (scenarios, --soak or --matrix), naming them.
+func checkProveModes(cmd *cobra.Command, soak, matrix bool) error {
+	changed := func(names ...string) string {
+		for _, n := range names {
+			if cmd.Flags().Changed(n) {
+				return "--" + n
+			}
+		}
+		return ""
+	}
+	switch {
+	case soak && matrix:
+		return fmt.Errorf("--soak and --matrix: choose one")
+	case soak && changed("scenario", "events") != "":
+		return fmt.Errorf("%s does not apply to --soak: the soak runs one pipeline of --soak-rate × --soak transactions", changed("scenario", "events"))
+	case !soak && changed("soak-interval", "soak-fault-every", "soak-rate") != "":
+		return fmt.Errorf("%s needs --soak", changed("soak-interval", "soak-fault-every", "soak-rate"))
+	case matrix && changed("database-url", "postgres", "broker") != "":
+		return fmt.Errorf("%s does not apply to --matrix: it sets the database and broker per stack; use --stacks and --matrix-postgres, --matrix-mysql, --matrix-rabbitmq", changed("database-url", "postgres", "broker"))
+	case !matrix && changed("stacks", "matrix-postgres", "matrix-mysql", "matrix-rabbitmq") != "":
+		return fmt.Errorf("%s needs --matrix", changed("stacks", "matrix-postgres", "matrix-mysql", "matrix-rabbitmq"))
+	}
+	return nil
+}
+
+func runSoakCmd(cmd *cobra.Command, so prove.SoakOptions, asJSON bool, opts []prove.Option) error {
+	rep, err := prove.RunSoak(cmd.Context(), so, opts...)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		err = rep.WriteJSON(cmd.OutOrStdout())
+	} else {
+		err = rep.WriteTable(cmd.OutOrStdout())
+	}
+	if err != nil {
+		return err
+	}
+	if rep.Failed() {
+		return exitCodeError{code: 1}
+	}
+	return nil
+}
+
+func runMatrixCmd(cmd *cobra.Command, mo prove.MatrixOptions, asJSON bool, opts []prove.Option) error {
+	mo.Progress = cmd.ErrOrStderr()
+	m, err := prove.RunMatrix(cmd.Context(), mo, opts...)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		err = m.WriteJSON(cmd.OutOrStdout())
+	} else {
+		err = m.WriteTable(cmd.OutOrStdout())
+	}
+	if err != nil {
+		return err
+	}
+	if m.Failed() {
+		return exitCodeError{code: 1}
+	}
+	return nil
 }
