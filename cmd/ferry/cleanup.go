@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/ferryhq/ferry/archive"
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/ops"
 )
@@ -18,6 +20,7 @@ func newCleanupCmd() *cobra.Command {
 	var af approvalFlags
 	var opts ops.CleanupOptions
 	var minWindow ops.Window
+	var archiveURL string
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Delete old sent outbox rows, inbox rows and finished effects in small batches, never inside the replay window",
@@ -40,8 +43,16 @@ and --min-inbox-replay-horizon — because deleting a dedup row while its event
 can still be redelivered or replayed applies that event twice. Inbox
 retention must also be at least the outbox retention.
 
+With --archive URL every batch is first written to that blob store (gzip
+NDJSON plus a manifest with row count, id range and sha256; see
+docs/ARCHIVE.md) and read back; a batch whose archive is not confirmed is
+not deleted and the run stops with the error. file:///DIR?create_dir=1 is
+built in; s3://, gs:// and azblob:// need a build that links the driver.
+Read it back with 'ferry archive verify' and 'ferry archive restore'.
+
 Previews (counts) by default; --approve deletes and writes an audit row.`,
 		Example: `  ferry cleanup --older-than 192h
+  ferry cleanup --older-than 192h --archive "file:///var/lib/ferry/archive?create_dir=1" --approve --reason "nightly"
   ferry cleanup --older-than 192h --batch-size 1000 --pause 50ms --approve --reason "nightly"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -61,6 +72,14 @@ Previews (counts) by default; --approve deletes and writes an audit row.`,
 				return err
 			}
 			defer s.Close()
+			if archiveURL != "" {
+				st, err := archive.Open(cmd.Context(), archiveURL, archive.WithFerryVersion(version(debug.ReadBuildInfo())))
+				if err != nil {
+					return fmt.Errorf("--archive: %w", err)
+				}
+				defer st.Close()
+				opts.Archive = st
+			}
 			res, err := o.Cleanup(cmd.Context(), opts, af.approval())
 			if err != nil {
 				return err
@@ -79,6 +98,9 @@ Previews (counts) by default; --approve deletes and writes an audit row.`,
 				fmt.Fprintf(w, " in %d batches (audit #%d)", res.Batches, res.AuditID)
 			}
 			fmt.Fprintln(w)
+			if res.ArchiveLocation != "" && !res.DryRun {
+				fmt.Fprintf(w, "archived %d rows to %s before deleting them\n", res.Archived, res.ArchiveLocation)
+			}
 			fmt.Fprintf(w, "replay window: broker dedup %s, inbox replay horizon %s\n", res.Window.BrokerDedupWindow, res.Window.InboxReplayHorizon)
 			if len(res.Skipped) > 0 {
 				fmt.Fprintf(w, "not installed, skipped: %s\n", strings.Join(res.Skipped, ", "))
@@ -96,6 +118,7 @@ Previews (counts) by default; --approve deletes and writes an audit row.`,
 	fl.IntVar(&opts.BatchSize, "batch-size", ops.DefaultCleanupBatch, fmt.Sprintf("rows per DELETE (at most %d)", ops.MaxCleanupBatch))
 	fl.IntVar(&opts.MaxBatches, "max-batches", 0, "stop after this many batches per table (0: until done)")
 	fl.DurationVar(&opts.Pause, "pause", 0, "sleep between batches")
+	fl.StringVar(&archiveURL, "archive", "", "write each batch to this blob store (file:///DIR?create_dir=1, s3://…) and delete only what it confirmed")
 	fl.DurationVar(&minWindow.BrokerDedupWindow, "min-broker-dedup-window", 0, "raise the broker dedup window the guard uses (never lowers the stored setting)")
 	fl.DurationVar(&minWindow.InboxReplayHorizon, "min-inbox-replay-horizon", 0, "raise the inbox replay horizon the guard uses")
 	cmd.AddCommand(newCleanupWindowCmd())

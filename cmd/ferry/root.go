@@ -34,6 +34,7 @@ FERRY_DATABASE_URL; a value the flag refuses is an error.`,
 		newStatusCmd(), newDLQCmd(), newParkedCmd(), newReplayCmd(), newCleanupCmd(), newEvidenceCmd(), newEffectsCmd(),
 		newConsoleCmd(), newMCPCmd(), newApprovalsCmd(),
 		newVetCmd(), newContractCmd(), newCompareCmd(),
+		newArchiveCmd(),
 	)
 	refuseUnknownSubcommands(root)
 	return root
