@@ -11,6 +11,7 @@ func newBenchCmd() *cobra.Command {
 	}
 	cmd.AddCommand(newBenchProduceCmd())
 	cmd.AddCommand(newBenchRelayCmd())
+	cmd.AddCommand(newBenchRelayStateCmd())
 	cmd.AddCommand(newBenchConsumeCmd())
 	return cmd
 }

@@ -9,7 +9,6 @@ import (
 	"math"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/internal/producebench"
+	"github.com/ferryhq/ferry/internal/statebench"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/relay"
 )
@@ -232,8 +232,10 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 	}
 	// 2. Pre-fill server-side, then VACUUM ANALYZE as autovacuum would have.
 	t0 := time.Now()
-	if err := scalePrefill(ctx, pool, prefix+".order", f); err != nil {
-		return err
+	// Sent rows first (lower ids), then the backlog; see statebench.Fill.
+	if err := statebench.Prefill(ctx, pool, ferry.Tables{}, statebench.Fill{Topic: prefix + ".order", Marked: f.tableRows,
+		Pending: f.backlog, Aggregates: f.aggs, PayloadBytes: f.payload, MarkedStatus: true}); err != nil {
+		return fmt.Errorf("bench relay: %w", err)
 	}
 	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) `+ferry.Tables{}.Name("outbox")); err != nil {
 		return fmt.Errorf("bench relay: vacuum: %w", err)
@@ -354,37 +356,6 @@ func scaleRelay(ctx context.Context, db relay.DB, pub broker.Publisher, opts []r
 	return nil
 }
 
-// scalePrefill writes f.tableRows sent rows, then f.backlog pending rows,
-// in one INSERT … SELECT generate_series: aggregate agg-(g mod A) with
-// per-aggregate sequences in id order, each aggregate on its real shard,
-// and time-ordered (UUIDv7-shaped) event ids like the writer's.
-func scalePrefill(ctx context.Context, pool *pgxpool.Pool, topic string, f *benchRelayFlags) error {
-	shards := make([]int32, f.aggs)
-	for i := range shards {
-		shards[i] = int32(ferry.ShardFor("bench", "order", "agg-"+strconv.Itoa(i), ferry.DefaultShardCount))
-	}
-	payload := []byte(`"` + strings.Repeat("x", f.payload-2) + `"`)
-	total := f.tableRows + f.backlog
-	t := ferry.Tables{}
-	_, err := pool.Exec(ctx, `INSERT INTO `+t.Name("outbox")+` (event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
-    schema_version, topic, shard, shard_count, content_type, payload, occurred_at, status, published_at, broker_receipt)
-SELECT (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
-    'bench', 'order', 'agg-' || (g % $1), g / $1 + 1, 'order.changed', 1, $2, ($3::int[])[g % $1 + 1], $4, $5, $6, now(),
-    CASE WHEN g < $7 THEN 'sent' ELSE 'pending' END, CASE WHEN g < $7 THEN now() END, CASE WHEN g < $7 THEN 'bench' ELSE '' END
-FROM generate_series(0, $8::bigint - 1) g, LATERAL md5(g::text || $9) h`,
-		f.aggs, topic, shards, ferry.DefaultShardCount, ferry.DefaultContentType, payload, f.tableRows, total, benchRandHex())
-	if err != nil {
-		return fmt.Errorf("bench relay: pre-fill %d rows: %w", total, err)
-	}
-	// The producer's per-aggregate sequence rows, as the writer leaves them.
-	_, err = pool.Exec(ctx, `INSERT INTO `+t.Name("aggregate_seq")+` (tenant_id, aggregate_type, aggregate_id, last_seq)
-SELECT tenant_id, aggregate_type, aggregate_id, max(aggregate_seq) FROM `+t.Name("outbox")+` GROUP BY 1, 2, 3`)
-	if err != nil {
-		return fmt.Errorf("bench relay: pre-fill aggregate_seq: %w", err)
-	}
-	return nil
-}
-
 // explainClaim runs EXPLAIN (ANALYZE, BUFFERS) of the relay's claim three
 // times and keeps the run with the median execution time.
 func explainClaim(ctx context.Context, pool *pgxpool.Pool, sql string, args []any) (explainFigures, error) {
@@ -454,7 +425,7 @@ func (s scaleStats) lsnBytes(before scaleStats) int64 { return s.lsnDiff(s.lsn, 
 
 func scaleSnapshot(ctx context.Context, pool *pgxpool.Pool, schema string) (scaleStats, error) {
 	s := scaleStats{indexes: map[string][4]int64{}}
-	err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, w.wal_records, w.wal_fpi,
+	err := pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text, w.wal_records, w.wal_fpi,
     t.n_tup_upd, t.n_tup_hot_upd, t.seq_tup_read, COALESCE(t.idx_scan, 0), COALESCE(t.idx_tup_fetch, 0), pg_relation_size(t.relid)
 FROM pg_stat_user_tables t, pg_stat_wal w WHERE t.schemaname = $1 AND t.relname = $2`, schema, ferry.Tables{}.Bare("outbox")).
 		Scan(&s.lsn, &s.walRecords, &s.walFPI, &s.upd, &s.hot, &s.seqRead, &s.idxScan, &s.idxFetch, &s.heapBytes)
@@ -488,7 +459,7 @@ FROM pg_stat_user_indexes WHERE schemaname = $1 AND relname = $2`, schema, ferry
 // WAL position is taken first, so waiting adds none of its own.
 func scaleSnapshotSettled(ctx context.Context, pool *pgxpool.Pool, schema string, wantUpd int64) (scaleStats, error) {
 	var lsn string
-	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn); err != nil {
 		return scaleStats{}, err
 	}
 	var w [2]int64
