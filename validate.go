@@ -29,6 +29,7 @@ var defaultContentTypes = []string{
 	"application/avro",
 	"application/octet-stream",
 	"text/plain",
+	"application/vnd.ferry.encrypted", // encrypt.ContentType: a Ferry envelope
 }
 
 // DefaultContentTypes returns the content types accepted by default.

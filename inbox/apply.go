@@ -276,6 +276,8 @@ func (ib *Inbox[TTx]) finishStep(ctx context.Context, txv TTx, tx driver.Tx, m *
 		return ib.parkLive(ctx, tx, m, ReasonCollision, "fingerprint differs from the applied event with this tenant and event id", res.prevFP)
 	case stepSchema:
 		return ib.parkLive(ctx, tx, m, ReasonSchema, res.err.Error(), nil)
+	case stepDecrypt:
+		return ib.parkLive(ctx, tx, m, ReasonDecrypt, res.err.Error(), nil)
 	default:
 		return fmt.Errorf("inbox: unexpected step result %d", res.kind)
 	}

@@ -273,6 +273,7 @@ const (
 	stepSchema                // nothing written; park
 	stepUnauthorized          // claim written: undo, then park
 	stepFailed                // claim written and handler failed: undo, then retry or park poison
+	stepDecrypt               // nothing written; park (WithDecryption)
 )
 
 type stepResult struct {
@@ -292,6 +293,10 @@ func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m 
 	ev := m.ev
 	if ib.cfg.schemas != nil && !ib.cfg.schemas[SchemaKey{ev.EventType, ev.SchemaVersion}] {
 		return stepResult{kind: stepSchema, err: fmt.Errorf("event type %q schema version %d is not supported by this consumer", sanitize.Text(ev.EventType, 128), ev.SchemaVersion)}, nil
+	}
+	ev, err := ib.open(ctx, ev)
+	if err != nil {
+		return stepResult{kind: stepDecrypt, err: err}, nil
 	}
 	if err := ib.contractErr(ev); err != nil {
 		return stepResult{kind: stepSchema, err: err}, nil

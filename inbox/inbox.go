@@ -147,9 +147,10 @@ const (
 	ReasonPoison       Reason = "poison"       // permanent handler error or too many attempts
 	ReasonCollision    Reason = "collision"    // same (tenant, event id), different content
 	ReasonUndecodable  Reason = "undecodable"  // not a valid Ferry event
+	ReasonDecrypt      Reason = "decrypt"      // the payload does not decrypt (WithDecryption): wrong, missing or erased key
 )
 
-var allReasons = [...]Reason{ReasonGap, ReasonSchema, ReasonUnauthorized, ReasonPoison, ReasonCollision, ReasonUndecodable}
+var allReasons = [...]Reason{ReasonGap, ReasonSchema, ReasonUnauthorized, ReasonPoison, ReasonCollision, ReasonUndecodable, ReasonDecrypt}
 
 const numReasons = len(allReasons)
 

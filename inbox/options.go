@@ -71,7 +71,8 @@ type config struct {
 	tables        ferry.Tables
 	schemas       map[SchemaKey]bool
 	contracts     ContractValidator
-	authorize     any // an Authorizer[TTx]; New checks its type
+	opener        PayloadOpener // WithDecryption
+	authorize     any           // an Authorizer[TTx]; New checks its type
 	ordering      bool
 	start         StartPolicy
 	workers       int

@@ -297,6 +297,8 @@ func describeStep(sr stepResult, current Reason) (Outcome, Reason, string) {
 		return OutcomeParked, ReasonCollision, "fingerprint differs from the applied event with this tenant and event id"
 	case stepSchema:
 		return OutcomeParked, ReasonSchema, errText
+	case stepDecrypt:
+		return OutcomeParked, ReasonDecrypt, errText
 	case stepUnauthorized:
 		return OutcomeParked, ReasonUnauthorized, errText
 	case stepFailed:

@@ -62,6 +62,7 @@ type config struct {
 	noTrace bool
 	// contracts, when set, validates each payload before anything is written.
 	contracts ContractValidator
+	sealer    PayloadSealer // WithEncryption
 }
 
 // Option configures a Writer.
@@ -292,6 +293,11 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 	plan, err := planBatch(out)
 	if err != nil {
 		return nil, err
+	}
+	if w.cfg.sealer != nil {
+		if err := w.seal(ctx, exec, out); err != nil {
+			return nil, err
+		}
 	}
 	switch {
 	case exec.Dialect() == driver.MySQL && !plan.expected && mysqlOneChunk(out):

@@ -1,0 +1,42 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ferryhq/ferry"
+)
+
+// PayloadOpener decrypts an event's payload; *encrypt.Codec implements it.
+// An event it does not recognise as encrypted is returned unchanged. An
+// error (wrong, unknown or erased key, tampered bytes) must not quote
+// payload or key bytes.
+type PayloadOpener interface {
+	Open(ctx context.Context, ev ferry.Event) (ferry.Event, error)
+}
+
+// WithDecryption decrypts payloads sealed by the producer's
+// outbox.WithEncryption before the contract check and the handler, which
+// see the plaintext and its own content type. What the inbox stores —
+// dedup fingerprint, parked rows — is computed from and keeps the
+// envelope as delivered, so no plaintext copy lands in the consumer's
+// tables. A message that does not decrypt (a wrong or missing keyring key,
+// an erased subject, tampered bytes) is parked with reason decrypt before
+// it is claimed, never dropped; it is replayable once the key is back (an
+// erased subject's never is). With it the optimistic batch pass is off
+// (each message runs under its own savepoint). Off by default.
+func WithDecryption(o PayloadOpener) Option {
+	return func(c *config) { c.opener = o; c.alwaysSavepoints = true }
+}
+
+// open decrypts ev for the handler; ev unchanged without WithDecryption.
+func (ib *Inbox[TTx]) open(ctx context.Context, ev ferry.Event) (ferry.Event, error) {
+	if ib.cfg.opener == nil {
+		return ev, nil
+	}
+	out, err := ib.cfg.opener.Open(ctx, ev)
+	if err != nil {
+		return ev, fmt.Errorf("payload does not decrypt: %w", err)
+	}
+	return out, nil
+}
