@@ -289,8 +289,9 @@ func (n *natsEnv) publisher(t testing.TB) *natsjs.Publisher {
 
 // streamMsg is one stored message, decoded.
 type streamMsg struct {
-	seq uint64
-	ev  ferry.Event
+	seq    uint64
+	ev     ferry.Event
+	stored time.Time // the server's store time
 }
 
 // read returns every message in the stream, in stream order.
@@ -346,7 +347,7 @@ func (n *natsEnv) read(t testing.TB) []streamMsg {
 			if err != nil {
 				t.Fatal(err)
 			}
-			out = append(out, streamMsg{seq: md.Sequence.Stream, ev: e})
+			out = append(out, streamMsg{seq: md.Sequence.Stream, ev: e, stored: md.Timestamp})
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			t.Fatal(err)

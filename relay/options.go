@@ -44,8 +44,11 @@ const (
 	DefaultProbeMax     = 10 * time.Second
 	// DefaultPublishTimeout bounds one batch's publish (all acks).
 	DefaultPublishTimeout = 30 * time.Second
-	// MaxBatchSize bounds WithBatchSize.
+	// MaxBatchSize bounds WithBatchSize (and WithPublishRate's burst,
+	// WithTenantShare's n).
 	MaxBatchSize = 10000
+	// MaxPublishRate bounds WithPublishRate's events per second.
+	MaxPublishRate = 1e7
 )
 
 // Faults are hooks that let a test or `ferry prove` stop the relay at the
@@ -88,6 +91,9 @@ type config struct {
 	workers        int
 	tracer         trace.Tracer
 	clock          func() time.Time // WithClock; nil: time.Now
+	publishRate    float64          // WithPublishRate: events/s, 0 = unlimited
+	publishBurst   int
+	tenantShare    int // WithTenantShare: rows per tenant per shard per claim, 0 = off
 
 	// Test hooks (unexported; only this package's tests set them).
 	noFence         bool         // negative control: drop the fence from marks
@@ -219,6 +225,30 @@ func WithWorkers(n int) Option { return func(c *config) { c.workers = n } }
 // it saves a flush per batch.
 func WithSynchronousMarks() Option { return func(c *config) { c.syncMarks = true } }
 
+// WithPublishRate caps how fast this relay publishes: at most
+// eventsPerSecond events per second on average, in bursts of at most burst
+// events, across all its workers and shards (a relay has one broker). A
+// batch waits for its tokens after it is claimed and before it is
+// published; while it waits the relay keeps renewing its leases, and a
+// batch whose shard lease was lost meanwhile (or whose relay is stopping)
+// is not published: its rows stay pending for the owner. Claims shrink to
+// at most burst rows, so no batch waits for more tokens than one burst.
+// 0 (the default) means unlimited. See docs/RELAY.md, "Rate and fairness".
+func WithPublishRate(eventsPerSecond float64, burst int) Option {
+	return func(c *config) { c.publishRate, c.publishBurst = eventsPerSecond, burst }
+}
+
+// WithTenantShare makes a claim take at most n rows per tenant from each
+// shard, so one tenant's burst cannot fill every batch while another
+// tenant's events wait behind it: each tenant with due rows gets up to n
+// rows of every batch, in id order (per aggregate order is unchanged: an
+// aggregate belongs to one tenant and its claimed rows stay a consecutive
+// prefix). The claim then reads every due row of the shard to rank them
+// (a window function), which costs more per claim on a deep backlog
+// (figures: docs/PERFORMANCE.md). 0 (the default) is off: rows are
+// claimed in id order whatever their tenant.
+func WithTenantShare(n int) Option { return func(c *config) { c.tenantShare = n } }
+
 // WithFaults installs fault hooks (tests, `ferry prove`).
 func WithFaults(f Faults) Option { return func(c *config) { c.faults = f } }
 
@@ -278,6 +308,14 @@ func (c *config) check() error {
 		return bad("dead_policy", "must be %q or %q, got %q", DeadHold, DeadSkip, c.deadPolicy)
 	case c.workers < 1 || c.workers > 64:
 		return bad("workers", "must be in 1..64, got %d", c.workers)
+	case c.publishRate < 0 || c.publishRate > MaxPublishRate || c.publishRate != c.publishRate:
+		return bad("publish_rate", "must be in 0..%g events/s (0 = unlimited), got %g", float64(MaxPublishRate), c.publishRate)
+	case c.publishRate > 0 && (c.publishBurst < 1 || c.publishBurst > MaxBatchSize):
+		return bad("publish_burst", "must be in 1..%d with a publish rate, got %d", MaxBatchSize, c.publishBurst)
+	case c.publishRate == 0 && c.publishBurst != 0:
+		return bad("publish_burst", "needs a publish rate > 0, got burst %d with rate 0", c.publishBurst)
+	case c.tenantShare < 0 || c.tenantShare > MaxBatchSize:
+		return bad("tenant_share", "must be in 0..%d (0 = off), got %d", MaxBatchSize, c.tenantShare)
 	case len(c.instance) > 200:
 		return bad("instance_id", "must be at most 200 bytes, got %d", len(c.instance))
 	}

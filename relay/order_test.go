@@ -25,15 +25,23 @@ func TestMarkOrderInvariant(t *testing.T) {
 }
 
 func testMarkOrderInvariant(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
-	for _, control := range []bool{false, true} {
-		name := "guarded"
-		if control {
-			name = "control_without_aggregate_stop"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		control bool
+		share   int // WithTenantShare; events then spread over 3 tenants
+	}{{"guarded", false, 0}, {"guarded_tenant_share", false, 3}, {"control_without_aggregate_stop", true, 0}} {
+		control := c.control
+		t.Run(c.name, func(t *testing.T) {
 			s := newStore(t, 2)
 			n := startEmbeddedNATS(t)
-			want := s.produce(t, 120, 6)
+			opts := fastOpts(2, WithBatchSize(40), WithBackoff(time.Millisecond, 20*time.Millisecond))
+			var want []ferry.Event
+			if c.share > 0 {
+				want = s.produceTenants(t, 120, 6, 3)
+				opts = append(opts, WithTenantShare(c.share), WithWorkers(2))
+			} else {
+				want = s.produce(t, 120, 6)
+			}
 			var mu sync.Mutex
 			failed := map[string]bool{}
 			pub := &countingPublisher{Publisher: n.publisher(t), failWith: func(i int, e *ferry.Event) error {
@@ -48,7 +56,7 @@ func testMarkOrderInvariant(t *testing.T, newStore func(testing.TB, int, ...outb
 			}}
 			var violations []string
 			var vmu sync.Mutex
-			r, err := New(s.db, pub, fastOpts(2, WithBatchSize(40), WithBackoff(time.Millisecond, 20*time.Millisecond))...)
+			r, err := New(s.db, pub, opts...)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
+	"golang.org/x/time/rate"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
@@ -134,6 +135,8 @@ type Relay struct {
 	m    *metrics
 	wake []chan struct{} // one per worker
 
+	limiter *rate.Limiter // WithPublishRate; nil: unlimited
+
 	running atomic.Bool
 
 	mu         sync.Mutex
@@ -186,7 +189,7 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 		cfg.tracer = otel.GetTracerProvider().Tracer(tracerName)
 	}
 	cfg.logger = logattr.OrDefault(cfg.logger)
-	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, queryOpts{noFence: cfg.noFence, syncMarks: cfg.syncMarks})
+	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, queryOpts{noFence: cfg.noFence, syncMarks: cfg.syncMarks, tenantShare: cfg.tenantShare})
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +201,7 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 		db: db, pub: pub, cfg: cfg, q: q, m: m,
 		log:   cfg.logger.With("relay_instance", cfg.instance),
 		owned: map[int]int64{}, inflight: map[int]int{}, releasing: map[int]bool{},
+		limiter: newPublishLimiter(&cfg),
 	}
 	for range cfg.workers {
 		r.wake = append(r.wake, make(chan struct{}, 1))
@@ -344,7 +348,7 @@ func (r *Relay) start(ctx context.Context) error {
 		return fmt.Errorf("relay: inspect outbox columns: %w", err)
 	}
 	if q, err := newQueries(r.db.Dialect(), r.cfg.tables, r.cfg.deadPolicy,
-		queryOpts{noFence: r.cfg.noFence, syncMarks: r.cfg.syncMarks, discarded: cols > 0}); err == nil {
+		queryOpts{noFence: r.cfg.noFence, syncMarks: r.cfg.syncMarks, discarded: cols > 0, tenantShare: r.cfg.tenantShare}); err == nil {
 		r.q = q
 	}
 	rows, err = exec.Query(ctx, r.q.checkShards, r.cfg.shards)

@@ -52,6 +52,9 @@ type queryOpts struct {
 	// discarded: the outbox has ops' discarded_at column (migration 0005);
 	// a dead row an operator discarded no longer holds its aggregate.
 	discarded bool
+	// tenantShare (WithTenantShare): at most this many rows per tenant per
+	// shard in one claim; 0 = off.
+	tenantShare int
 }
 
 func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts) (*queries, error) {
@@ -150,6 +153,21 @@ RETURNING shard, fence`, leases, plus("$2"), now, lock)
 		}
 		blocking = fmt.Sprintf("(%s OR %s)", blocking, dead)
 	}
+	// WithTenantShare: of the due, unblocked rows above, each tenant
+	// contributes at most n, the first n by id (ROW_NUMBER over the
+	// tenant's rows in id order; window functions exist on Postgres,
+	// SQLite >= 3.25 and MySQL 8 / MariaDB 10.2). Every condition of the
+	// claim is applied before the ranking, so a held aggregate's rows take
+	// no share, and the LIMIT after it, in id order. Per aggregate the
+	// claimed rows stay a consecutive prefix of its due rows: an aggregate
+	// belongs to one tenant, and a tenant's first n rows by id hold a
+	// prefix of each of its aggregates (per aggregate, id order is
+	// sequence order); the id-ordered LIMIT keeps a prefix of that again.
+	shareHead, shareTail := "", ""
+	if o.tenantShare > 0 {
+		shareHead = "(SELECT o.*, ROW_NUMBER() OVER (PARTITION BY o.tenant_id ORDER BY o.id) AS ferry_tenant_rank\n    FROM "
+		shareTail = fmt.Sprintf("\n    ) o WHERE o.ferry_tenant_rank <= %d", o.tenantShare)
+	}
 	cols := `o.id, o.event_id, o.tenant_id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_type, o.schema_version,
     o.topic, o.shard, o.content_type, o.payload, o.occurred_at, o.traceparent, o.correlation_id, o.causation_id,
     o.principal, o.action, o.target, o.attempts`
@@ -165,12 +183,12 @@ RETURNING shard, fence`, leases, plus("$2"), now, lock)
     GROUP BY p.tenant_id, p.aggregate_type, p.aggregate_id
 )
 SELECT %[7]s FROM %[8]s (
-    SELECT * FROM %[1]s o
+    SELECT * FROM %[9]s%[1]s o
     WHERE o.shard %[3]s AND o.status = 'pending' AND o.next_attempt_at <= %[5]s
       AND NOT EXISTS (SELECT 1 FROM blocked b
           WHERE b.tenant_id = o.tenant_id AND b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
-            AND b.seq < o.aggregate_seq)
-    ORDER BY o.id LIMIT $2) o`, outbox, shardsIs, shardIs, blocking, now, materialized, "{{cols}}", "{{from}}")
+            AND b.seq < o.aggregate_seq)%[10]s
+    ORDER BY o.id LIMIT $2) o`, outbox, shardsIs, shardIs, blocking, now, materialized, "{{cols}}", "{{from}}", shareHead, shareTail)
 	if d == driver.Postgres {
 		// One round trip for every owned shard: k rows per shard, each
 		// read in id order from outbox_claim_idx.

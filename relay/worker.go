@@ -147,12 +147,17 @@ func (r *Relay) cycle(ctx context.Context, limit int) (more bool, err error) {
 	if len(shards) == 0 || r.breakerOpen() {
 		return false, nil
 	}
-	per := max(1, (r.cfg.batch+len(shards)-1)/len(shards))
+	per := max(1, (r.cfg.claimSize()+len(shards)-1)/len(shards))
 	t0 := time.Now()
 	batch, more, err := r.claim(ctx, shards, fences, per)
 	r.m.phase.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
 	if err != nil || len(batch) == 0 {
 		return false, err
+	}
+	// WithPublishRate: wait for tokens (leases still renew meanwhile) and
+	// publish only the rows whose lease survived the wait.
+	if batch = r.awaitPublish(ctx, batch); len(batch) == 0 {
+		return more && ctx.Err() == nil, nil
 	}
 	// The batch finishes even if ctx is cancelled meanwhile (graceful
 	// shutdown): publish and mark under their own deadline.

@@ -54,6 +54,9 @@ type relayFlags struct {
 	notifyChannel  string
 	logLevel       string
 	workers        int
+	publishRate    float64 // --publish-rate; 0 = unlimited
+	publishBurst   int     // --publish-burst; 0 = --batch-size
+	tenantShare    int     // --tenant-share; 0 = off
 	source         string
 	slot           string
 	publication    string
@@ -130,6 +133,9 @@ the leases and exits 0.`,
 	fl.IntVar(&f.shards, "shards", ferry.DefaultShardCount, "shard count N; must equal the writers' N")
 	fl.IntVar(&f.batch, "batch-size", relay.DefaultBatchSize, "rows per claim-publish-mark cycle")
 	fl.IntVar(&f.workers, "workers", relay.DefaultWorkers, "poll: concurrent claim-publish-mark loops")
+	fl.Float64Var(&f.publishRate, "publish-rate", 0, "poll: publish at most this many events per second, across all workers (0 = unlimited)")
+	fl.IntVar(&f.publishBurst, "publish-burst", 0, "poll: with --publish-rate, the largest burst in events (0 = --batch-size, at most 10000)")
+	fl.IntVar(&f.tenantShare, "tenant-share", 0, "poll: a claim takes at most this many rows per tenant per shard, so one tenant's burst cannot delay the others (0 = off)")
 	fl.StringVar(&f.source, "source", cloudevents.DefaultSource, `CloudEvents "source" attribute of every published event, a URI-reference, e.g. "ferry://orders-service"`)
 	fl.DurationVar(&f.poll, "poll-interval", relay.DefaultPollInterval, "look for work this often when nothing woke the relay")
 	fl.DurationVar(&f.leaseTTL, "lease-ttl", relay.DefaultLeaseTTL, "shard lease lifetime; a crashed relay's shards move after it")
@@ -565,6 +571,16 @@ func pollOptions(f *relayFlags, tables ferry.Tables) []relay.Option {
 	if f.instanceID != "" {
 		opts = append(opts, relay.WithInstanceID(f.instanceID))
 	}
+	if f.publishRate != 0 || f.publishBurst != 0 {
+		burst := f.publishBurst
+		if burst == 0 && f.publishRate > 0 {
+			burst = min(f.batch, relay.MaxBatchSize)
+		}
+		opts = append(opts, relay.WithPublishRate(f.publishRate, burst))
+	}
+	if f.tenantShare != 0 {
+		opts = append(opts, relay.WithTenantShare(f.tenantShare))
+	}
 	return opts
 }
 
@@ -579,6 +595,9 @@ var relayOptionFlags = map[string]string{
 	"max_attempts":    "--max-attempts",
 	"dead_policy":     "--dead-policy",
 	"workers":         "--workers",
+	"publish_rate":    "--publish-rate",
+	"publish_burst":   "--publish-burst",
+	"tenant_share":    "--tenant-share",
 	"instance_id":     "--instance-id",
 	"listener":        "--notify-channel",
 	"tables.schema":   "--schema",
