@@ -80,6 +80,8 @@ type explainFigures struct {
 	Rows         int64   `json:"rows"`
 	ClaimShards  int     `json:"shards_in_claim"`
 	ClaimPerShrd int64   `json:"rows_per_shard_limit"`
+	// Plan: the plan's nodes, outermost first ("Index Scan ferry_outbox_claim_idx", …).
+	Plan []string `json:"plan"`
 }
 
 type phaseFigures struct {
@@ -395,6 +397,7 @@ func explainJSON(ctx context.Context, q interface {
 	}
 	var plans []struct {
 		Plan struct {
+			planNode
 			Rows  int64 `json:"Actual Rows"`
 			Hit   int64 `json:"Shared Hit Blocks"`
 			Read  int64 `json:"Shared Read Blocks"`
@@ -408,7 +411,26 @@ func explainJSON(ctx context.Context, q interface {
 	}
 	p := plans[0]
 	return explainFigures{ExecutionMS: p.Execution, PlanningMS: p.Planning, SharedHit: p.Plan.Hit, SharedRead: p.Plan.Read,
-		SharedDirty: p.Plan.Dirty, Rows: p.Plan.Rows}, nil
+		SharedDirty: p.Plan.Dirty, Rows: p.Plan.Rows, Plan: p.Plan.planNode.flatten(nil)}, nil
+}
+
+// planNode is the part of an EXPLAIN (FORMAT JSON) node the report names.
+type planNode struct {
+	Type  string     `json:"Node Type"`
+	Index string     `json:"Index Name"`
+	Plans []planNode `json:"Plans"`
+}
+
+func (n planNode) flatten(out []string) []string {
+	s := n.Type
+	if n.Index != "" {
+		s += " " + n.Index
+	}
+	out = append(out, s)
+	for _, c := range n.Plans {
+		out = c.flatten(out)
+	}
+	return out
 }
 
 // scaleStats is a snapshot of the outbox's statistics and the WAL position.
@@ -488,6 +510,7 @@ func printScale(out io.Writer, r *scaleReport) {
 	}{{"at backlog", r.ClaimAtBacklog}, {"drained", r.ClaimDrained}} {
 		fmt.Fprintf(out, "claim     %-10s EXPLAIN (ANALYZE, BUFFERS): %.2f ms execution, %.2f ms planning, shared hit %d read %d dirtied %d, %d rows (%d shards × %d)\n",
 			c.name, c.e.ExecutionMS, c.e.PlanningMS, c.e.SharedHit, c.e.SharedRead, c.e.SharedDirty, c.e.Rows, c.e.ClaimShards, c.e.ClaimPerShrd)
+		fmt.Fprintf(out, "          plan: %s\n", strings.Join(c.e.Plan, " > "))
 	}
 	fmt.Fprintf(out, "phases    during the drain: %d claims mean %.2f ms p99 %.2f ms; %d marks mean %.2f ms p99 %.2f ms\n",
 		r.Claims.Count, r.Claims.MeanMS, r.Claims.P99MS, r.Marks.Count, r.Marks.MeanMS, r.Marks.P99MS)
