@@ -537,8 +537,19 @@ func (sp *soakProc) proc() *os.Process {
 	return sp.cur
 }
 
+// running waits up to 2 s for the slot's process (it may be restarting).
+func (sp *soakProc) running() *os.Process {
+	for i := 0; i < 20; i++ {
+		if p := sp.proc(); p != nil {
+			return p
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return sp.proc()
+}
+
 func (sp *soakProc) kill() (int, bool) {
-	p := sp.proc()
+	p := sp.running()
 	if p == nil {
 		return 0, false
 	}
@@ -547,7 +558,7 @@ func (sp *soakProc) kill() (int, bool) {
 }
 
 func (sp *soakProc) pause() (int, bool) {
-	p := sp.proc()
+	p := sp.running()
 	if p == nil {
 		return 0, false
 	}
