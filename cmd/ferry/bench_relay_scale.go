@@ -36,6 +36,7 @@ import (
 // scaleReport is what the large-table drain prints (--json: as is).
 type scaleReport struct {
 	Broker     string `json:"broker"`
+	Schema     string `json:"scratch_schema"` // dropped when the bench ends
 	Backlog    int    `json:"backlog"`
 	TableRows  int    `json:"table_rows"`
 	Payload    int    `json:"payload_bytes"`
@@ -207,6 +208,7 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 	}
 	suffix := benchRandHex()
 	schema := "ferry_bench_" + suffix
+	rep.Schema = schema
 	tr := &relayTracer{}
 	pool, drop, err := benchPGScratch(ctx, f.dbURL, schema, func(c *pgxpool.Config) {
 		c.ConnConfig.Tracer = tr

@@ -72,11 +72,11 @@ func TestBenchRelayBacklog(t *testing.T) {
 	}
 	defer pool.Close()
 	var left int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'ferry_bench_%'`).Scan(&left); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, rep.Schema).Scan(&left); err != nil {
 		t.Fatal(err)
 	}
-	if left != 0 {
-		t.Errorf("%d ferry_bench_ schemas left behind", left)
+	if rep.Schema == "" || left != 0 {
+		t.Errorf("scratch schema %q left behind (%d)", rep.Schema, left)
 	}
 
 	text, err := runCLI(t, "bench", "relay", "--database-url", pg, "--broker-url", nats, "--backlog", "300", "--aggregates", "30")
