@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/ferryhq/ferry/driver"
@@ -39,8 +40,20 @@ type Figures struct {
 	// of its own.
 	Undelivered int `json:"undelivered"`
 	// Phantom: in the stream or applied, but its transaction rolled back
-	// (or never happened).
+	// (or never happened); or committed though the client was told its
+	// transaction failed.
 	Phantom int `json:"phantom"`
+	// Unknown: events whose transaction's COMMIT got no answer — the
+	// connection died during it (db-crash) — so the client cannot tell
+	// whether it committed. Each must resolve to exactly one of
+	// UnknownCommitted (in the business table and applied exactly once,
+	// or parked as planned) or UnknownAbsent (not committed, and in no
+	// table, stream, applied log nor provider book); anything else is a
+	// violation. Lost also counts events the client saw commit that the
+	// database does not have.
+	Unknown          int `json:"unknown"`
+	UnknownCommitted int `json:"unknown_committed"`
+	UnknownAbsent    int `json:"unknown_absent"`
 	// StateMismatch: committed events on which the outbox table's record
 	// of the publication (status, receipt), the broker's stream and ops
 	// evidence disagree after settling (agreement.go). Must be 0.
@@ -431,6 +444,7 @@ func check(e *env, t *truth) (Figures, []string) {
 			f.Lost++
 		}
 	}
+	checkOutcomes(e, t, &f, applied, inStream, parked, eventViol)
 	// Anything applied that the workload never committed nor planned.
 	for id := range applied {
 		if _, ok := e.plan.events[id]; !ok {
@@ -518,6 +532,9 @@ func check(e *env, t *truth) (Figures, []string) {
 	if f.SequenceErrors > 0 {
 		viol("%d aggregates with non-contiguous sequences", f.SequenceErrors)
 	}
+	if open := f.Unknown - f.UnknownCommitted - f.UnknownAbsent; open > 0 {
+		viol("%d of %d events with an unknown commit outcome resolved to neither committed-and-delivered nor not-committed-and-absent", open, f.Unknown)
+	}
 	var unknown int
 	for _, c := range []string{"unknown", "unexpected"} {
 		unknown += f.Classes[c]
@@ -529,6 +546,62 @@ func check(e *env, t *truth) (Figures, []string) {
 		perEvent = append(perEvent[:maxEventViolations], fmt.Sprintf("… %d more", len(perEvent)-maxEventViolations))
 	}
 	return f, append(v, perEvent...)
+}
+
+// checkOutcomes holds the database to what the producer was told
+// (txOutcomes): a transaction the client saw commit must be in the
+// business table (else lost: the crash took an acknowledged commit), one
+// it saw fail or roll back must not be (else phantom), and each event of
+// a transaction with an unknown outcome must be either committed and
+// delivered or not committed and absent everywhere (Unknown*).
+func checkOutcomes(e *env, t *truth, f *Figures, applied, inStream map[string]int, parked map[string]parkedRow, eventViol func(string, ...any)) {
+	outs := e.plan.outcomes.snapshot()
+	if len(outs) == 0 {
+		return
+	}
+	e.provider.mu.Lock()
+	charged := map[string]int{}
+	for id, n := range e.provider.charges {
+		charged[id] = n
+	}
+	e.provider.mu.Unlock()
+	for _, tx := range e.plan.txs {
+		out, ok := outs[tx.id]
+		if !ok {
+			continue
+		}
+		for _, ev := range tx.events {
+			id := ev.id
+			committed := t.business[id]
+			switch out {
+			case outcomeCommitted:
+				if !committed {
+					f.Lost++
+					f.Classes["lost"]++
+					eventViol("event %s: the client saw its commit succeed, the database does not have it", id)
+				}
+			case outcomeFailed, outcomeRolledBack:
+				if committed {
+					f.Phantom++
+					f.Classes["unexpected"]++
+					eventViol("event %s: the client saw its transaction %s, yet it committed", id, strings.ReplaceAll(out, "_", " "))
+				}
+			case outcomeUnknown:
+				f.Unknown++
+				p, isParked := parked[id]
+				_, inOutbox := t.outbox[id]
+				switch {
+				case committed && (applied[id] == 1 || ev.special != specialNone && isParked && !p.healed && applied[id] == 0):
+					f.UnknownCommitted++
+				case !committed && !inOutbox && inStream[id] == 0 && applied[id] == 0 && !isParked && charged[id] == 0:
+					f.UnknownAbsent++
+				default:
+					eventViol("event %s: unknown commit outcome resolved to neither committed-and-delivered nor absent (committed %v, outbox %v, copies in stream %d, applied %d, parked %v, charged %d)",
+						id, committed, inOutbox, inStream[id], applied[id], isParked, charged[id])
+				}
+			}
+		}
+	}
 }
 
 // maxEventViolations bounds the per-event lines in a result.

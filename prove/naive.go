@@ -71,7 +71,7 @@ func naiveTx(ctx context.Context, e *env, pub broker.Publisher, mu *sync.Mutex, 
 		}
 		return nil
 	}
-	err := runTxOnce(ctx, e.db, ptx, func(_ *sql.Tx, _ []ferry.Event) error {
+	_, err := runTxOnce(ctx, e.db, ptx, func(_ *sql.Tx, _ []ferry.Event) error {
 		if ptx.rollback {
 			return publish() // announced inside a transaction that rolls back
 		}

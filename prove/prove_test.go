@@ -35,6 +35,7 @@ var controlFigure = map[string]func(Figures) int{
 	"control-inline-effect":              func(f Figures) int { return f.DuplicateEffects },
 	"control-cdc-start-from-current-wal": func(f Figures) int { return f.Lost },
 	"control-cdc-confirm-before-mark":    func(f Figures) int { return f.StateMismatch },
+	"control-dual-write-db-crash":        func(f Figures) int { return f.Phantom },
 }
 
 func assertMatrix(t *testing.T, rep *Report, allowUnavailable map[string]bool) {
@@ -82,7 +83,8 @@ func TestEmbeddedMatrix(t *testing.T) {
 	if len(rep.Results) != len(allScenarios()) {
 		t.Fatalf("%d results for %d scenarios", len(rep.Results), len(allScenarios()))
 	}
-	assertMatrix(t, rep, map[string]bool{"cdc-restart": true, "control-cdc-start-from-current-wal": true, "control-cdc-confirm-before-mark": true, "database-outage": true})
+	assertMatrix(t, rep, map[string]bool{"cdc-restart": true, "control-cdc-start-from-current-wal": true, "control-cdc-confirm-before-mark": true, "database-outage": true,
+		"db-crash": true, "control-dual-write-db-crash": true})
 	// The polling relay's broken build marks rows sent before the broker
 	// has them: the table disagrees with the broker (state_mismatch).
 	if r, _ := rep.Result("control-mark-before-ack"); r.Figures.StateMismatch == 0 {

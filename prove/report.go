@@ -31,16 +31,16 @@ func ms(d time.Duration) string {
 func (r *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "ferry prove — stack %s, seed %d, %d events per scenario, %s\n\n", r.Stack, r.Seed, r.Events, r.Elapsed.Round(time.Millisecond))
 	tw := tabwriter.NewWriter(w, 2, 2, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "SCENARIO\tSTATUS\tCOMMITTED\tROLLED BACK\tLOST\tUNDELIVERED\tPHANTOM\tDUP PUBLISH\tDUP DELIVER\tDUP EFFECT\tORDER\tSTATE MISMATCH\tGAPS FOUND/HEALED\tPARKED\tDLQ\tRECONCILED\tFAULTS\t")
+	fmt.Fprintln(tw, "SCENARIO\tSTATUS\tCOMMITTED\tROLLED BACK\tLOST\tUNDELIVERED\tPHANTOM\tUNKNOWN (COMMITTED/ABSENT)\tDUP PUBLISH\tDUP DELIVER\tDUP EFFECT\tORDER\tSTATE MISMATCH\tGAPS FOUND/HEALED\tPARKED\tDLQ\tRECONCILED\tFAULTS\t")
 	for _, res := range r.Results {
 		f := res.Figures
 		name := res.Scenario
 		if res.Status == StatusNotAvailable || res.Status == StatusError {
-			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n", name, res.Status)
+			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n", name, res.Status)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%d\t%d\t%d\t\n",
-			name, res.Status, f.Committed, f.RolledBack, f.Lost, f.Undelivered, f.Phantom, f.DuplicatePublishes, f.DuplicateDeliveries,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%d\t%d\t%d\t\n",
+			name, res.Status, f.Committed, f.RolledBack, f.Lost, f.Undelivered, f.Phantom, unknownCell(f), f.DuplicatePublishes, f.DuplicateDeliveries,
 			f.DuplicateEffects, f.OrderViolations, f.StateMismatch, f.GapsFound, f.GapsHealed, f.Parked, f.DeadLetters, f.Reconciliations, f.FaultsInjected)
 	}
 	if err := tw.Flush(); err != nil {
@@ -83,6 +83,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	_, err := fmt.Fprintf(w, "\n%s\n", verdict)
 	return err
+}
+
+// unknownCell is "n (committed/absent)", or "0".
+func unknownCell(f Figures) string {
+	if f.Unknown == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%d (%d/%d)", f.Unknown, f.UnknownCommitted, f.UnknownAbsent)
 }
 
 func summarize(v []string) string {

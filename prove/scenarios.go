@@ -47,6 +47,7 @@ type scenario struct {
 	throttle            time.Duration // pause per producer transaction, to spread the workload over the faults
 	clusterFault        string        // --broker nats-cluster: clusterLeaderKill or clusterPartition (cluster.go)
 	skew                bool          // each package relay reads a skewed or stepping clock (skew.go)
+	dbCrash             bool          // the database is prove's own Postgres server, SIGKILLed and restarted mid-run (dbcrash.go)
 	notAvailable        func(*stack, *config) string
 
 	// extra checks after the common ones.
@@ -197,6 +198,9 @@ func allScenarios() []*scenario {
 				}
 				return ""
 			}},
+		{name: "db-crash", desc: "the database is a throwaway Postgres server (initdb, own port, fsync on) SIGKILLed twice — postmaster and backends — while producers commit, the relay marks and the consumer applies, and restarted on the same data dir: every commit the client saw lands once, none it saw fail appears, each unknown outcome resolves",
+			plan: planOptions{rollbackRate: 0.05, abandonOnError: true, txWork: 15 * time.Millisecond}, relays: oneRelay, dbCrash: true, throttle: 5 * time.Millisecond,
+			notAvailable: needsTempPostgres, extra: dbCrashBit},
 
 		// Negative controls: broken pipelines that must show violations.
 		{name: "control-naive-dual-write", control: true, desc: "commit, then publish directly (crash between); publish inside a tx that rolls back",
@@ -211,6 +215,8 @@ func allScenarios() []*scenario {
 			plan: planOptions{}, cdc: true, cdcCurrentWAL: true, throttle: 10 * time.Millisecond, notAvailable: needsPostgres},
 		{name: "control-cdc-confirm-before-mark", control: true, desc: "the CDC relay confirms the LSN at the broker's ack, before marking the rows sent, and is SIGKILLed: the table disagrees with the broker",
 			plan: planOptions{}, cdc: true, cdcConfirmEarly: true, throttle: 100 * time.Millisecond, notAvailable: needsPostgresAndWorker},
+		{name: "control-dual-write-db-crash", control: true, desc: "a producer publishes straight to the broker inside its transaction, before COMMIT, and the database crashes: announced changes that never committed",
+			plan: planOptions{abandonOnError: true}, naive: true, dbCrash: true, throttle: 20 * time.Millisecond, notAvailable: needsTempPostgres},
 		{name: "control-inline-effect", control: true, desc: "external call inside the handler without the ledger; crash after provider success",
 			plan: planOptions{faultRates: map[int]float64{faultEffectCrash: 0.2}}, relays: oneRelay, inlineEffect: true},
 	}
@@ -291,7 +297,17 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 }
 
 func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) (Figures, []string, string, []string, error) {
-	db, err := st.newDatabase(ctx, sc.name)
+	var pg *tempPostgres // db-crash: the scenario's own server, closed after the database
+	dbStack := st
+	if sc.dbCrash {
+		var err error
+		if pg, err = startTempPostgres(ctx); err != nil {
+			return Figures{}, nil, "", nil, err
+		}
+		defer pg.close()
+		dbStack = st.onServer(pg.URL("postgres"))
+	}
+	db, err := dbStack.newDatabase(ctx, sc.name)
 	if err != nil {
 		return Figures{}, nil, "", nil, err
 	}
@@ -467,6 +483,12 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 			note, err := runClusterFault(runCtx, e, sc.clusterFault)
 			e.extraNote, clusterErr = note, err
 		}()
+	} else if sc.dbCrash {
+		go func() {
+			defer close(outageDone)
+			note, err := runDBCrash(runCtx, e, pg)
+			e.extraNote, clusterErr = note, err
+		}()
 	} else {
 		close(outageDone)
 	}
@@ -475,6 +497,10 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	total := len(p.txs)
 	perrCh := make(chan error, 1)
 	go func() {
+		if sc.naive && sc.dbCrash {
+			perrCh <- produceNaiveInTx(runCtx, e)
+			return
+		}
 		if sc.naive {
 			perrCh <- produceNaive(runCtx, e)
 			return

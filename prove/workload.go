@@ -11,7 +11,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/outbox"
 )
 
@@ -59,6 +63,61 @@ type plan struct {
 	txs    []*plannedTx
 	events map[string]*plannedEvent
 	canary []string
+
+	// abandonOnError: a transaction that fails after BEGIN is given up,
+	// not retried (planOptions.abandonOnError).
+	abandonOnError bool
+	txWork         time.Duration // planOptions.txWork
+	// outcomes is what the producer saw of each transaction (the only
+	// state the run adds to the plan).
+	outcomes *txOutcomes
+}
+
+// Client-side outcomes of a producer transaction, as the producer saw them.
+const (
+	outcomeCommitted  = "committed"   // COMMIT returned success
+	outcomeRolledBack = "rolled_back" // the planned rollback
+	outcomeFailed     = "failed"      // an error before or at COMMIT with the server's answer: not committed
+	outcomeUnknown    = "unknown"     // the connection died during COMMIT: committed or not, the client cannot tell
+)
+
+// txOutcomes records, per planned transaction, the outcome its producer
+// saw last. The checker holds the database to it (checkOutcomes).
+type txOutcomes struct {
+	mu sync.Mutex
+	tx map[int]string
+}
+
+func (o *txOutcomes) set(tx int, outcome string) {
+	if o == nil {
+		return // a worker subprocess's plan records nothing
+	}
+	o.mu.Lock()
+	o.tx[tx] = outcome
+	o.mu.Unlock()
+}
+
+// snapshot returns a copy of the outcomes recorded so far.
+func (o *txOutcomes) snapshot() map[int]string {
+	if o == nil {
+		return nil
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	m := make(map[int]string, len(o.tx))
+	for k, v := range o.tx {
+		m[k] = v
+	}
+	return m
+}
+
+func (o *txOutcomes) count() int {
+	if o == nil {
+		return 0
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.tx)
 }
 
 // planOptions are the scenario's knobs for the generator.
@@ -67,6 +126,16 @@ type planOptions struct {
 	faultRates   map[int]float64
 	specials     map[int]int // special kind -> count of dedicated aggregates
 	race         bool        // a few aggregates written by every producer at once
+	// abandonOnError: a transaction that fails after BEGIN (a statement or
+	// COMMIT answered with an error, or the connection died) is recorded
+	// as failed (or unknown) and given up instead of retried, so the
+	// checker can hold the database to what the client was told
+	// (db-crash). BEGIN failures are retried either way.
+	abandonOnError bool
+	// txWork is a pause inside each transaction, after its writes and
+	// before COMMIT (the rest of a real transaction's work): a crash then
+	// finds transactions open and COMMITs in flight (db-crash).
+	txWork time.Duration
 }
 
 func seedFor(seed int64, scenario string) (uint64, uint64) {
@@ -82,7 +151,7 @@ func seedFor(seed int64, scenario string) (uint64, uint64) {
 func newPlan(cfg *config, scenario string, o planOptions) (*plan, error) {
 	s1, s2 := seedFor(cfg.seed, scenario)
 	rng := rand.New(rand.NewPCG(s1, s2))
-	p := &plan{events: map[string]*plannedEvent{}}
+	p := &plan{events: map[string]*plannedEvent{}, abandonOnError: o.abandonOnError, txWork: o.txWork, outcomes: &txOutcomes{tx: map[int]string{}}}
 	tenants := make([]string, cfg.tenants)
 	for i := range tenants {
 		tenants[i] = fmt.Sprintf("tenant-%02d", i)
@@ -215,7 +284,7 @@ func produce(ctx context.Context, db *database, w *outbox.Writer[*sql.Tx], p *pl
 		go func() {
 			defer wg.Done()
 			for _, tx := range byProducer[i] {
-				if err := runTx(ctx, db, w, tx); err != nil {
+				if err := runTx(ctx, db, w, p, tx); err != nil {
 					errs[i] = err
 					return
 				}
@@ -229,45 +298,99 @@ func produce(ctx context.Context, db *database, w *outbox.Writer[*sql.Tx], p *pl
 	return errors.Join(errs...)
 }
 
-func runTx(ctx context.Context, db *database, w *outbox.Writer[*sql.Tx], ptx *plannedTx) error {
+// producerRetryBudget is how long a producer keeps retrying one
+// transaction that fails (at least 20 attempts): long enough to ride out
+// a database restart (db-crash).
+const producerRetryBudget = 30 * time.Second
+
+func runTx(ctx context.Context, db *database, w *outbox.Writer[*sql.Tx], p *plan, ptx *plannedTx) error {
 	var err error
-	for attempt := 0; attempt < 20; attempt++ {
-		if err = runTxOnce(ctx, db, ptx, func(tx *sql.Tx, events []ferry.Event) error {
-			_, err := w.InsertTx(ctx, tx, events...)
+	start := time.Now()
+	for attempt := 0; attempt < 20 || time.Since(start) < producerRetryBudget; attempt++ {
+		var out string
+		out, err = runTxOnce(ctx, db, ptx, func(tx *sql.Tx, events []ferry.Event) error {
+			if _, err := w.InsertTx(ctx, tx, events...); err != nil {
+				return err
+			}
+			if p.txWork > 0 {
+				time.Sleep(p.txWork)
+			}
+			return nil
+		})
+		switch {
+		case err == nil:
+			p.outcomes.set(ptx.id, out)
+			return nil
+		case out == outcomeUnknown:
+			// Never retried: a retry of a transaction that did commit
+			// would only fail on its own rows; the checker decides.
+			p.outcomes.set(ptx.id, out)
+			return nil
+		case ctx.Err() != nil:
 			return err
-		}); err == nil || ctx.Err() != nil {
-			return err
+		case out == outcomeFailed && p.abandonOnError:
+			p.outcomes.set(ptx.id, out)
+			return nil
 		}
 		// Serialization failures and busy databases: retry the whole
 		// transaction; event ids stay the same, as a retried command's would.
-		time.Sleep(time.Duration(attempt+1) * 5 * time.Millisecond)
+		time.Sleep(min(time.Duration(attempt+1)*5*time.Millisecond, 200*time.Millisecond))
 	}
+	p.outcomes.set(ptx.id, outcomeFailed)
 	return fmt.Errorf("prove: producer tx %d: %w", ptx.id, err)
 }
 
 var errPlannedRollback = errors.New("prove: planned rollback")
 
 // runTxOnce writes the business rows, calls write for the events, and
-// commits or rolls back as planned.
-func runTxOnce(ctx context.Context, db *database, ptx *plannedTx, write func(*sql.Tx, []ferry.Event) error) error {
+// commits or rolls back as planned. It returns the outcome the client
+// saw: "" when BEGIN failed (nothing was attempted), outcomeFailed when a
+// statement failed or COMMIT was answered with an error, outcomeUnknown
+// when COMMIT's answer was lost (commitOutcomeLost).
+func runTxOnce(ctx context.Context, db *database, ptx *plannedTx, write func(*sql.Tx, []ferry.Event) error) (string, error) {
 	tx, err := db.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return "", fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
 	events := make([]ferry.Event, len(ptx.events))
 	for i, ev := range ptx.events {
 		if _, err := tx.ExecContext(ctx, rawSQL(db.dialect, `INSERT INTO prove_business (event_id, tx_id, tenant_id, order_id, kind) VALUES ($1, $2, $3, $4, $5)`),
 			ev.id, ptx.id, ev.tenant, ev.aggregate, ev.kind); err != nil {
-			return fmt.Errorf("business row: %w", err)
+			return outcomeFailed, fmt.Errorf("business row: %w", err)
 		}
 		events[i] = ev.event()
 	}
 	if err := write(tx, events); err != nil {
-		return err
+		return outcomeFailed, err
 	}
 	if ptx.rollback {
-		return tx.Rollback()
+		if err := tx.Rollback(); err != nil {
+			return outcomeFailed, err
+		}
+		return outcomeRolledBack, nil
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		if commitOutcomeLost(db, err) {
+			return outcomeUnknown, fmt.Errorf("commit: %w", err)
+		}
+		return outcomeFailed, fmt.Errorf("commit: %w", err)
+	}
+	return outcomeCommitted, nil
+}
+
+// commitOutcomeLost reports whether a COMMIT error leaves the outcome
+// unknown: the server's answer never arrived (the connection reset or
+// closed, a timeout) rather than an answer saying it failed. pgx's
+// "safe to retry" is not trusted: a run where it was taken for "not
+// committed" showed committed transactions (pgx reports "conn closed" for
+// a COMMIT whose connection was reset while it waited). SQLite is a
+// library call: its errors are answers.
+func commitOutcomeLost(db *database, err error) bool {
+	if db.dialect == driver.SQLite {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	var myErr *mysql.MySQLError
+	return !errors.As(err, &pgErr) && !errors.As(err, &myErr)
 }

@@ -1,0 +1,184 @@
+package prove
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+)
+
+// The database crash (db-crash, control-dual-write-db-crash): the
+// scenario's database lives on a throwaway Postgres server prove starts
+// itself (dbcrash_pg.go), which is SIGKILLed — postmaster and every
+// backend at once — while the producers commit, the relay marks and the
+// consumer applies, then restarted on the same data directory and port.
+// Crash recovery replays the WAL; every component reconnects on its own.
+
+// dbCrashes is how many times a db-crash scenario crashes the server:
+// the first a plain SIGKILL of the process group, the second a freeze
+// (SIGSTOP of the group, every statement in flight hangs, COMMITs
+// included) for dbCrashFreeze and then the SIGKILL, so that commits whose
+// answer is lost (unknown outcomes) are likely, not a matter of luck.
+const dbCrashes = 2
+
+// dbCrashHold is how long the server stays dead before the restart;
+// dbCrashFreeze how long the second crash's freeze lasts.
+const (
+	dbCrashHold   = 500 * time.Millisecond
+	dbCrashFreeze = 300 * time.Millisecond
+)
+
+// needsTempPostgres: the db-crash scenarios run with a Postgres stack
+// (the scenario's schema then lives on prove's own server, not on the
+// given one, which is never crashed) and the server binaries.
+func needsTempPostgres(st *stack, _ *config) string {
+	if st.pgURL == "" {
+		if st.myURL != "" {
+			return "needs Postgres (--database-url postgres://…): the MariaDB variant (a throwaway mariadbd) is not built yet"
+		}
+		return "needs Postgres (--database-url postgres://…): SQLite is a library inside prove's own process, there is no server to crash"
+	}
+	return pgServerMissing()
+}
+
+// onServer is the stack with its database server replaced by pgURL.
+func (st *stack) onServer(pgURL string) *stack {
+	c := *st
+	c.pgURL, c.myURL = pgURL, ""
+	return &c
+}
+
+// runDBCrash crashes and restarts pg dbCrashes times, each once a further
+// share of the workload's transactions has an outcome (or the budget is
+// spent), and returns the report's note.
+func runDBCrash(ctx context.Context, e *env, pg *tempPostgres) (string, error) {
+	total := len(e.plan.txs)
+	var recov []string
+	for i := 0; i < dbCrashes; i++ {
+		want := total * (i + 1) / (dbCrashes + 1)
+		deadline := time.Now().Add(e.cfg.duration)
+		for e.plan.outcomes.count() < want && time.Now().Before(deadline) && ctx.Err() == nil {
+			sleepCtx(ctx, 5*time.Millisecond)
+		}
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		if i%2 == 1 {
+			pg.freeze()
+			sleepCtx(ctx, dbCrashFreeze)
+		}
+		if err := pg.crash(); err != nil {
+			return "", err
+		}
+		e.faults.Add(1)
+		e.prog.update("database crashed (%d/%d), restarting", i+1, dbCrashes)
+		sleepCtx(ctx, dbCrashHold)
+		t0 := time.Now()
+		if err := pg.start(context.WithoutCancel(ctx)); err != nil {
+			return "", err
+		}
+		recov = append(recov, time.Since(t0).Round(10*time.Millisecond).String())
+	}
+	return fmt.Sprintf("throwaway postgres (port %d) SIGKILLed %d times mid-run (the second after a %s freeze), down %s each, restarted on the same data dir and port; crash recovery to first connection took %s",
+		pg.port, dbCrashes, dbCrashFreeze, dbCrashHold, strings.Join(recov, ", ")), nil
+}
+
+// dbCrashBit checks both crashes fired.
+func dbCrashBit(e *env, f *Figures, _ *truth) []string {
+	if f.FaultsInjected != dbCrashes {
+		return []string{fmt.Sprintf("%d database crashes, want %d", f.FaultsInjected, dbCrashes)}
+	}
+	return nil
+}
+
+// produceNaiveInTx is the dual write of control-dual-write-db-crash: each
+// transaction writes its business rows, publishes its events straight to
+// the broker, does some more work (the scenario's throttle) and commits.
+// A crash between the publish and the commit announces a change that
+// never happened; and a producer told that its commit failed has already
+// published. Outcomes are recorded like the outbox producer's; nothing
+// is retried after BEGIN.
+func produceNaiveInTx(ctx context.Context, e *env) error {
+	pub, err := e.newPublisher()
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	var mu sync.Mutex
+	seq := map[string]int64{}
+	byProducer := make([][]*plannedTx, e.cfg.producers)
+	for _, tx := range e.plan.txs {
+		byProducer[tx.producer] = append(byProducer[tx.producer], tx)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(byProducer))
+	for i := range byProducer {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, ptx := range byProducer[i] {
+				if err := naiveInTx(ctx, e, pub, &mu, seq, ptx); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func naiveInTx(ctx context.Context, e *env, pub broker.Publisher, mu *sync.Mutex, seq map[string]int64, ptx *plannedTx) error {
+	events := make([]ferry.Event, len(ptx.events))
+	mu.Lock()
+	for i, pe := range ptx.events {
+		ev := pe.event()
+		ev.AggregateSeq = seq[ev.TenantID+"/"+ev.AggregateID] + int64(i) + 1 // the producer's own count
+		ev.Topic = e.tr.topicTemplate().Render(&ev)
+		ev.ContentType = ferry.DefaultContentType
+		ev.OccurredAt = time.Now().UTC()
+		events[i] = ev
+	}
+	mu.Unlock()
+	start := time.Now()
+	for {
+		out, err := runTxOnce(ctx, e.db, ptx, func(_ *sql.Tx, _ []ferry.Event) error {
+			for _, r := range pub.Publish(ctx, events) {
+				if r.Err != nil {
+					return fmt.Errorf("prove: naive publish: %w", r.Err)
+				}
+			}
+			sleepCtx(ctx, e.sc.throttle) // the rest of the transaction's work
+			return nil
+		})
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if out == "" && err != nil { // BEGIN failed: nothing published yet
+			if time.Since(start) > producerRetryBudget {
+				return fmt.Errorf("prove: naive producer tx %d: %w", ptx.id, err)
+			}
+			sleepCtx(ctx, 20*time.Millisecond)
+			continue
+		}
+		e.plan.outcomes.set(ptx.id, out)
+		if out == outcomeCommitted {
+			mu.Lock()
+			for _, ev := range events {
+				seq[ev.TenantID+"/"+ev.AggregateID] = ev.AggregateSeq
+			}
+			mu.Unlock()
+		}
+		return nil
+	}
+}

@@ -1,0 +1,376 @@
+//go:build linux
+
+package prove
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// pgServerBin is where Debian's packages put the Postgres 15 server
+// binaries (postgresql-15); the db-crash scenarios need initdb and
+// postgres from it. FERRY_PROVE_PG_BIN overrides the directory.
+const pgServerBin = "/usr/lib/postgresql/15/bin"
+
+// tempPGPrefix names every throwaway cluster's directory under
+// os.TempDir(): <prefix>XXXX/{owner.lock,data,postgres.log}.
+const tempPGPrefix = "ferry-prove-pg-"
+
+// pgBinDir is the directory the server binaries are taken from.
+func pgBinDir() string {
+	if d := os.Getenv("FERRY_PROVE_PG_BIN"); d != "" {
+		return d
+	}
+	return pgServerBin
+}
+
+// pgServerMissing says why no throwaway Postgres can be made here ("" if
+// one can).
+func pgServerMissing() string {
+	for _, b := range []string{"initdb", "postgres"} {
+		p := filepath.Join(pgBinDir(), b)
+		if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
+			return fmt.Sprintf("needs the Postgres server binaries (%s not found; install postgresql-15 or set FERRY_PROVE_PG_BIN)", p)
+		}
+	}
+	if os.Geteuid() == 0 {
+		if _, err := user.Lookup("postgres"); err != nil {
+			return "running as root, and initdb refuses root: needs a `postgres` OS user to run the throwaway server as"
+		}
+	}
+	return ""
+}
+
+// tempPostgres is a Postgres cluster prove owns: its own data directory
+// in a temp dir, its own loopback port, fsync on. It is started as the
+// `postgres` OS user when prove runs as root (initdb and postgres refuse
+// root); a crash stops, then kills, the postmaster and every backend at
+// once (found by parent: each Postgres child calls setsid()), and the
+// postmaster has a parent-death signal so
+// that it dies with prove even when prove is SIGKILLed. The directory
+// holds a lock (flock) for as long as its owner lives; sweepTempPostgres
+// removes the directories, and kills the servers, of owners that died.
+type tempPostgres struct {
+	dir, data, logPath string
+	port               int
+	cred               *syscall.Credential
+	lock               *os.File
+	cmd                *exec.Cmd
+	exited             chan struct{}
+}
+
+// URL is the superuser URL of database db on the server.
+func (p *tempPostgres) URL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&connect_timeout=2", p.port, db)
+}
+
+// startTempPostgres sweeps dead owners' leftovers, then initialises and
+// starts a new cluster and waits until it accepts connections.
+func startTempPostgres(ctx context.Context) (_ *tempPostgres, err error) {
+	if why := pgServerMissing(); why != "" {
+		return nil, errors.New("prove: " + why)
+	}
+	sweepTempPostgres()
+	dir, err := os.MkdirTemp("", tempPGPrefix+"*")
+	if err != nil {
+		return nil, fmt.Errorf("prove: temp postgres dir: %w", err)
+	}
+	p := &tempPostgres{dir: dir, data: filepath.Join(dir, "data"), logPath: filepath.Join(dir, "postgres.log")}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	if p.lock, err = lockDir(dir); err != nil {
+		return nil, err
+	}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("prove: temp postgres: os user postgres: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		p.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		if err := os.Chown(dir, uid, gid); err != nil {
+			return nil, fmt.Errorf("prove: temp postgres: chown %s: %w", dir, err)
+		}
+	}
+	initdb := p.command(ctx, filepath.Join(pgBinDir(), "initdb"), "-D", p.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions")
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("prove: initdb: %w: %s", err, tail(string(out), 600))
+	}
+	// A free port, taken again by the server at once; if another process
+	// takes it in between, the start fails and is retried on a new one.
+	for attempt := 0; ; attempt++ {
+		if p.port, err = freePort(); err != nil {
+			return nil, err
+		}
+		if err = p.start(ctx); err == nil {
+			return p, nil
+		}
+		if attempt == 2 || ctx.Err() != nil {
+			return nil, err
+		}
+	}
+}
+
+func (p *tempPostgres) command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	c := exec.CommandContext(ctx, name, args...)
+	c.Dir = p.dir
+	c.Env = append(os.Environ(), "LC_ALL=C", "TZ=UTC")
+	c.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return c
+}
+
+// start runs the postmaster on the data directory and port and waits
+// until it accepts connections (crash recovery included), within 30 s.
+func (p *tempPostgres) start(ctx context.Context) error {
+	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("prove: temp postgres log: %w", err)
+	}
+	defer logf.Close()
+	// Not CommandContext: the server must outlive a cancelled scenario
+	// context until close kills it (the checker reads after the run).
+	c := exec.Command(filepath.Join(pgBinDir(), "postgres"), "-D", p.data, "-p", strconv.Itoa(p.port),
+		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=", "-c", "fsync=on",
+		"-c", "synchronous_commit=on", "-c", "full_page_writes=on", "-c", "shared_buffers=16MB", "-c", "max_connections=100")
+	c.Dir, c.Env, c.Stdout, c.Stderr = p.dir, append(os.Environ(), "LC_ALL=C", "TZ=UTC"), logf, logf
+	c.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := c.Start(); err != nil {
+		return fmt.Errorf("prove: start postgres: %w", err)
+	}
+	p.cmd, p.exited = c, make(chan struct{})
+	go func(done chan struct{}) { _ = c.Wait(); close(done) }(p.exited)
+	db, err := sql.Open("pgx", p.URL("postgres"))
+	if err != nil {
+		p.kill()
+		return fmt.Errorf("prove: open temp postgres: %w", err)
+	}
+	defer db.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err = db.PingContext(pctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-p.exited:
+			return fmt.Errorf("prove: temp postgres on port %d exited at start: %s", p.port, tail(p.log(), 600))
+		default:
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			p.kill()
+			return fmt.Errorf("prove: temp postgres on port %d not ready within 30s: %w: %s", p.port, err, tail(p.log(), 600))
+		}
+		sleepCtx(ctx, 50*time.Millisecond)
+	}
+}
+
+// crash SIGKILLs the postmaster and every one of its children (the
+// backends, checkpointer, WAL writer…) and waits until all are gone: no
+// shutdown checkpoint, no goodbye to clients, no backend left to notice
+// the postmaster's death and answer its client; whatever was not in the
+// WAL on disk is lost, as in a power cut of the server's processes.
+func (p *tempPostgres) crash() error {
+	if p.cmd == nil || p.cmd.Process == nil {
+		return errors.New("prove: temp postgres is not running")
+	}
+	p.kill()
+	return nil
+}
+
+// freeze SIGSTOPs the postmaster and every child: each statement in
+// flight hangs, its answer unsent.
+func (p *tempPostgres) freeze() {
+	if p.cmd != nil && p.cmd.Process != nil {
+		p.stopAll()
+	}
+}
+
+// stopAll SIGSTOPs the postmaster (so it forks no more), then each of its
+// children, and returns them all. The children must be found by parent:
+// every Postgres child calls setsid(), so none is in the postmaster's
+// process group.
+func (p *tempPostgres) stopAll() []int {
+	pm := p.cmd.Process.Pid
+	_ = syscall.Kill(pm, syscall.SIGSTOP)
+	pids := append(childPids(pm), pm)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	return pids
+}
+
+// kill stops the postmaster and its children, SIGKILLs them all (none
+// runs in between) and waits, bounded, until every one is gone.
+func (p *tempPostgres) kill() {
+	if p.cmd == nil || p.cmd.Process == nil {
+		return
+	}
+	pids := p.stopAll()
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+	}
+	// The children are reparented and reaped by init once the postmaster
+	// is gone.
+	for _, pid := range pids {
+		for i := 0; i < 200 && processAlive(pid); i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	p.cmd = nil
+}
+
+// childPids lists the processes whose parent is pid (Linux /proc).
+func childPids(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …: the fields follow the last ')'.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// processAlive reports whether pid exists and is not a zombie.
+func processAlive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// close kills the server and removes its directory and lock.
+func (p *tempPostgres) close() {
+	p.kill()
+	if p.dir != "" {
+		_ = os.RemoveAll(p.dir)
+	}
+	if p.lock != nil {
+		_ = p.lock.Close()
+	}
+}
+
+func (p *tempPostgres) log() string {
+	b, _ := os.ReadFile(p.logPath)
+	return string(b)
+}
+
+// lockDir takes an exclusive flock on dir/owner.lock, held until the file
+// is closed or the process dies.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "owner.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("prove: temp postgres lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("prove: temp postgres lock %s: %w", dir, err)
+	}
+	return f, nil
+}
+
+// sweepTempPostgres removes throwaway clusters whose owner died (its lock
+// is free): a server still running there (a parent-death signal can miss,
+// e.g. when the owner's thread had already exited) is SIGKILLed by the pid
+// in postmaster.pid, after checking /proc that the pid is a postgres on
+// that data directory; then the directory goes. Clusters whose owner
+// lives are left alone, so concurrent runs do not disturb each other.
+func sweepTempPostgres() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), tempPGPrefix+"*"))
+	for _, dir := range dirs {
+		f, err := os.OpenFile(filepath.Join(dir, "owner.lock"), os.O_RDWR, 0)
+		if err != nil {
+			if st, serr := os.Stat(dir); serr == nil && time.Since(st.ModTime()) > time.Minute {
+				_ = os.RemoveAll(dir) // never locked: its owner died before taking the lock
+			}
+			continue
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+			_ = f.Close()
+			continue // its owner is alive
+		}
+		killStalePostmaster(filepath.Join(dir, "data"))
+		_ = os.RemoveAll(dir)
+		_ = f.Close()
+	}
+}
+
+func killStalePostmaster(data string) {
+	b, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+	if err != nil {
+		return
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 1 {
+		return
+	}
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || !strings.Contains(string(cmdline), data) {
+		return // gone, or the pid was reused by something else
+	}
+	kids := childPids(pid)
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for _, k := range kids {
+		_ = syscall.Kill(k, syscall.SIGKILL)
+	}
+	for i := 0; i < 200 && processAlive(pid); i++ {
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("prove: free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func tail(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}

@@ -1,0 +1,159 @@
+//go:build linux
+
+package prove
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/testenv"
+)
+
+// needPGServer skips (or, with FERRY_REQUIRE_SERVICES=1, fails) without
+// the Postgres server binaries the throwaway server is made from.
+func needPGServer(t *testing.T) {
+	t.Helper()
+	if why := pgServerMissing(); why != "" {
+		testenv.Unavailable(t, "db-crash: %s", why)
+	}
+}
+
+// TestDBCrash runs the database crash on prove's own Postgres server:
+// the real pipeline loses, duplicates and invents nothing through two
+// SIGKILLs of the server, every unknown commit outcome resolves, and the
+// dual-write control shows phantoms. No server directory is left behind.
+func TestDBCrash(t *testing.T) {
+	needPGServer(t)
+	pg := testenv.PostgresURL(t)
+	before := tempPGDirs(t)
+	rep, err := Run(context.Background(), small(WithPostgres(pg), WithScenarios("db-crash", "control-dual-write-db-crash"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf strings.Builder
+	_ = rep.WriteTable(&buf)
+	t.Log("\n" + buf.String())
+	assertMatrix(t, rep, nil)
+	r, _ := rep.Result("db-crash")
+	f := r.Figures
+	if f.FaultsInjected != dbCrashes || !strings.Contains(r.Note, "SIGKILLed") {
+		t.Errorf("db-crash: faults %d, note %q", f.FaultsInjected, r.Note)
+	}
+	if f.Unknown != f.UnknownCommitted+f.UnknownAbsent {
+		t.Errorf("db-crash: unknown %d = %d committed + %d absent does not add up", f.Unknown, f.UnknownCommitted, f.UnknownAbsent)
+	}
+	t.Logf("db-crash: committed %d, unknown %d (committed %d / absent %d), duplicate publishes %d, deliveries %d",
+		f.Committed, f.Unknown, f.UnknownCommitted, f.UnknownAbsent, f.DuplicatePublishes, f.DuplicateDeliveries)
+	for d := range tempPGDirs(t) {
+		if !before[d] {
+			t.Errorf("throwaway postgres dir %s left behind", d)
+		}
+	}
+}
+
+// TestDBCrashNeedsPostgres: on SQLite the scenarios say why they cannot
+// run instead of passing vacuously.
+func TestDBCrashNeedsPostgres(t *testing.T) {
+	rep, err := Run(context.Background(), small(WithScenarios("db-crash", "control-dual-write-db-crash"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Status != StatusNotAvailable || !strings.Contains(r.Note, "needs Postgres") {
+			t.Errorf("%s: %s %q", r.Scenario, r.Status, r.Note)
+		}
+	}
+}
+
+// TestTempPostgresSurvivesKilledOwner: a process that started a throwaway
+// server is SIGKILLed; its server dies with it (parent-death signal), the
+// next start sweeps the dead owner's directory, and a new server starts
+// and survives a crash and restart on the same port.
+func TestTempPostgresSurvivesKilledOwner(t *testing.T) {
+	needPGServer(t)
+	if os.Getenv("FERRY_PROVE_TEMP_PG_CHILD") == "1" {
+		p, err := startTempPostgres(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = os.WriteFile(os.Getenv("FERRY_PROVE_TEMP_PG_OUT"), []byte(p.dir+"\n"+p.data), 0o600)
+		time.Sleep(time.Minute) // killed by the parent test
+		return
+	}
+	out := filepath.Join(t.TempDir(), "child")
+	child := exec.Command(os.Args[0], "-test.run=^TestTempPostgresSurvivesKilledOwner$")
+	child.Env = append(os.Environ(), "FERRY_PROVE_TEMP_PG_CHILD=1", "FERRY_PROVE_TEMP_PG_OUT="+out)
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var dir, data string
+	for i := 0; i < 600 && dir == ""; i++ {
+		if b, err := os.ReadFile(out); err == nil && strings.Contains(string(b), "\n") {
+			dir, data, _ = strings.Cut(string(b), "\n")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if dir == "" {
+		_ = child.Process.Kill()
+		_ = child.Wait()
+		t.Fatal("child never started its server")
+	}
+	pidFile, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _, _ := strings.Cut(string(pidFile), "\n")
+	_ = child.Process.Signal(syscall.SIGKILL)
+	_ = child.Wait()
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("the killed owner's dir should still be there for the sweep: %v", err)
+	}
+	alive := true
+	for i := 0; i < 200 && alive; i++ {
+		_, err := os.Stat("/proc/" + strings.TrimSpace(pid))
+		alive = err == nil
+		time.Sleep(25 * time.Millisecond)
+	}
+	if alive {
+		t.Errorf("postmaster %s outlived its killed owner", pid)
+	}
+
+	p, err := startTempPostgres(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("dead owner's dir %s not swept: %v", dir, err)
+	}
+	if err := p.crash(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.start(context.Background()); err != nil {
+		t.Fatalf("restart after crash: %v", err)
+	}
+	mine := p.dir
+	p.close()
+	if _, err := os.Stat(mine); !os.IsNotExist(err) {
+		t.Errorf("own dir %s not removed at close: %v", mine, err)
+	}
+}
+
+func tempPGDirs(t *testing.T) map[string]bool {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(os.TempDir(), tempPGPrefix+"*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, d := range m {
+		out[d] = true
+	}
+	return out
+}
