@@ -17,6 +17,7 @@ import (
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/encrypt"
@@ -230,6 +231,12 @@ func (s *stack[TTx]) parked(t *testing.T, consumer string) map[string]ops.Parked
 func TestEncryptionEndToEndSQLite(t *testing.T) {
 	db, _ := testenv.NewSQLite(t)
 	drv := sqlite.New(db)
+	endToEnd(t, newStack(t, drv, drv))
+}
+
+func TestEncryptionEndToEndMySQL(t *testing.T) {
+	d := testenv.NewMySQLDatabase(t)
+	drv := mysql.New(d.DB)
 	endToEnd(t, newStack(t, drv, drv))
 }
 
