@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/outbox"
 )
 
@@ -297,4 +298,96 @@ func TestRateAndShareOptions(t *testing.T) {
 	if got := c.claimSize(); got != 50 {
 		t.Errorf("claim size with burst 50 < batch %d: %d, want 50", DefaultBatchSize, got)
 	}
+}
+
+// slowPublisher delays every Publish (a slow broker) and records the
+// most events and calls in flight at once.
+type slowPublisher struct {
+	broker.Publisher
+	delay               time.Duration
+	mu                  sync.Mutex
+	events, calls       int
+	maxEvents, maxCalls int
+}
+
+func (p *slowPublisher) Publish(ctx context.Context, evs []ferry.Event) []broker.Result {
+	p.mu.Lock()
+	p.events += len(evs)
+	p.calls++
+	p.maxEvents, p.maxCalls = max(p.maxEvents, p.events), max(p.maxCalls, p.calls)
+	p.mu.Unlock()
+	time.Sleep(p.delay)
+	res := p.Publisher.Publish(ctx, evs)
+	p.mu.Lock()
+	p.events -= len(evs)
+	p.calls--
+	p.mu.Unlock()
+	return res
+}
+
+// TestSlowBrokerBoundsInFlight: backpressure. With a broker that takes
+// 100ms per publish and a backlog 20× what the relay may hold, the relay
+// never has more than workers × (batch + shards − 1) events handed to the
+// broker at once, nor more than workers publish calls: a worker claims its
+// next batch only after the broker answered its last (or the publish
+// timeout passed). With WithPublishRate the bound shrinks to the burst per
+// worker. Everything is still delivered once, in order.
+func TestSlowBrokerBoundsInFlight(t *testing.T) {
+	const shards, batch, workers, backlog = 4, 25, 3, 2000
+	for _, rateOn := range []bool{false, true} {
+		name := "batch_bound"
+		if rateOn {
+			name = "rate_burst_bound"
+		}
+		t.Run(name, func(t *testing.T) {
+			s := newSQLiteStore(t, shards)
+			n := startEmbeddedNATS(t)
+			want := s.produceTenants(t, backlog, 20, 2)
+			pub := &slowPublisher{Publisher: n.publisher(t), delay: 100 * time.Millisecond}
+			opts := fastOpts(shards, WithBatchSize(batch), WithWorkers(workers))
+			bound := workers * (batch + shards - 1)
+			if rateOn {
+				opts = append(opts, WithPublishRate(1e6, 10))
+				bound = workers * 10
+			}
+			r, err := New(s.db, pub, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runRelay(t, r)
+			waitFor(t, 60*time.Second, "the first 300 sent", func() bool { return s.count(t, "sent") >= 300 })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			pub.mu.Lock()
+			maxEvents, maxCalls := pub.maxEvents, pub.maxCalls
+			pub.mu.Unlock()
+			t.Logf("%s: at most %d events in %d calls in flight (bound %d events, %d calls) with %d events waiting", name, maxEvents, maxCalls, bound, workers, backlog)
+			if maxEvents > bound || maxCalls > workers {
+				t.Errorf("%d events in %d publish calls in flight at once; the bound is %d events in %d calls", maxEvents, maxCalls, bound, workers)
+			}
+			if maxCalls < 2 {
+				t.Errorf("never more than %d publish call in flight: the workers did not overlap, the bound was not exercised", maxCalls)
+			}
+			sent := s.count(t, "sent")
+			msgs := n.read(t)
+			if len(msgs) < sent {
+				t.Errorf("%d rows marked sent but %d messages stored", sent, len(msgs))
+			}
+			checkBroker(t, msgs, sentOf(t, s, want))
+		})
+	}
+}
+
+// sentOf keeps the events of want whose row is marked sent.
+func sentOf(t *testing.T, s *store, want []ferry.Event) []ferry.Event {
+	t.Helper()
+	rows := s.rows(t)
+	var out []ferry.Event
+	for _, e := range want {
+		if rows[e.ID.String()].status == "sent" {
+			out = append(out, e)
+		}
+	}
+	return out
 }
