@@ -15,6 +15,10 @@ import (
 // and a negative control that must still lose on the cluster. Afterwards
 // no cluster store directory is left behind.
 func TestNATSCluster(t *testing.T) {
+	// A private temp dir: other processes (another package's tests, a
+	// ferry prove beside the suite) make cluster dirs of their own in the
+	// shared one, which would read as left behind here.
+	t.Setenv("TMPDIR", t.TempDir())
 	before := clusterDirs(t)
 	rep, err := Run(context.Background(), small(WithBroker(BrokerNATSCluster), WithScenarios(
 		"nats-leader-kill", "nats-partition", "concurrent-relays", "relay-sigkill", "broker-outage",
