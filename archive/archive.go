@@ -17,6 +17,7 @@ import (
 	"gocloud.dev/blob"
 	_ "gocloud.dev/blob/fileblob" // file:// — the embedded default
 	_ "gocloud.dev/blob/memblob"  // mem:// — tests and trials
+	"gocloud.dev/gcerrors"
 
 	"github.com/ferryhq/ferry/ops"
 )
@@ -125,8 +126,8 @@ func Redact(raw string) string {
 // each is written with a ContentMD5 the store checks, closed, then read
 // back and compared byte for byte (sha256 and size). Only a nil return
 // lets cleanup delete the rows. A data object whose manifest could not be
-// confirmed is removed again (best effort; Verify reports any left over
-// as unconfirmed, never as archived).
+// confirmed is removed again with that manifest (best effort; Verify
+// reports a data object left over as unconfirmed, never as archived).
 func (s *Store) Archive(ctx context.Context, b ops.ArchiveBatch) error {
 	if len(b.Rows) == 0 {
 		return nil
@@ -151,7 +152,13 @@ func (s *Store) Archive(ctx context.Context, b ops.ArchiveBatch) error {
 		return fmt.Errorf("archive: manifest: %w", err)
 	}
 	if err := s.writeConfirmed(ctx, base+ManifestSuffix, append(mj, '\n'), "application/json"); err != nil {
-		_ = s.bucket.Delete(context.WithoutCancel(ctx), m.Object)
+		// The manifest may have landed although its write was not
+		// confirmed: remove it first, then the data object, so what is
+		// left never claims rows that were not deleted as archived.
+		dctx := context.WithoutCancel(ctx)
+		if derr := s.bucket.Delete(dctx, base+ManifestSuffix); derr == nil || gcerrors.Code(derr) == gcerrors.NotFound {
+			_ = s.bucket.Delete(dctx, m.Object)
+		}
 		return err
 	}
 	return nil

@@ -323,7 +323,11 @@ func (f *faultyBucket) NewRangeReader(ctx context.Context, key string, offset, l
 }
 
 func (f *faultyBucket) ListPaged(ctx context.Context, opts *driver.ListOptions) (*driver.ListPage, error) {
-	objs, next, err := f.inner.ListPage(ctx, opts.PageToken, max(opts.PageSize, 1000), &blob.ListOptions{Prefix: opts.Prefix, Delimiter: opts.Delimiter})
+	token := opts.PageToken
+	if token == nil {
+		token = blob.FirstPageToken
+	}
+	objs, next, err := f.inner.ListPage(ctx, token, max(opts.PageSize, 1000), &blob.ListOptions{Prefix: opts.Prefix, Delimiter: opts.Delimiter})
 	if err != nil && err != io.EOF {
 		return nil, err
 	}

@@ -91,8 +91,13 @@ func (s *Store) Verify(ctx context.Context) (Report, error) {
 		}
 	}
 	if len(rep.Problems) > 0 {
+		p := rep.Problems[0]
+		name := p.Object
+		if name == "" {
+			name = p.Manifest
+		}
 		return rep, fmt.Errorf("%w: %d of %d objects at %s: first: %s %s: %s", ErrVerifyFailed, len(rep.Problems), rep.Manifests,
-			s.location, rep.Problems[0].Kind, rep.Problems[0].Object+rep.Problems[0].Manifest, rep.Problems[0].Detail)
+			s.location, p.Kind, name, p.Detail)
 	}
 	return rep, nil
 }

@@ -48,7 +48,21 @@ func TestArchiveCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	out, err := runCLI(t, "cleanup", "--database-url", src, "--older-than", "240h", "--batch-size", "5", "--archive", arch, "--approve", "--reason", "test")
+	// An archive that cannot take the objects (its outbox/ folder is a
+	// file) fails the cleanup and deletes nothing: the run below still
+	// finds all 12 rows.
+	blocked := filepath.Join(dir, "blocked")
+	if err := os.MkdirAll(blocked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(blocked, "outbox"), []byte("not a folder"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t, "cleanup", "--database-url", src, "--older-than", "240h", "--batch-size", "5", "--archive", "file://"+blocked, "--approve", "--reason", "test")
+	if err == nil || !strings.Contains(err.Error(), "nothing deleted") {
+		t.Fatalf("cleanup into a blocked archive: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "cleanup", "--database-url", src, "--older-than", "240h", "--batch-size", "5", "--archive", arch, "--approve", "--reason", "test")
 	if err != nil || !strings.Contains(out, "archived 12 rows to file://") || !strings.Contains(out, "outbox 12") {
 		t.Fatalf("cleanup --archive: %v\n%s", err, out)
 	}

@@ -82,6 +82,10 @@ Previews (counts) by default; --approve deletes and writes an audit row.`,
 			}
 			res, err := o.Cleanup(cmd.Context(), opts, af.approval())
 			if err != nil {
+				if n := res.Outbox + res.Discarded + res.Inbox + res.ResolvedParked + res.Effects; n > 0 && !res.DryRun {
+					fmt.Fprintf(cmd.ErrOrStderr(), "cleanup stopped: %d rows were deleted before the error (outbox %d, discarded dead letters %d, inbox %d, resolved parked %d, effects %d; archived %d)\n",
+						n, res.Outbox, res.Discarded, res.Inbox, res.ResolvedParked, res.Effects, res.Archived)
+				}
 				return err
 			}
 			if f.json {
