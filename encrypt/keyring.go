@@ -14,6 +14,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/ferryhq/ferry/internal/sanitize"
 )
 
 // Keyring holds key-encryption keys (KEKs) by id. Ferry asks it to wrap a
@@ -276,10 +278,5 @@ func open(aead cipher.AEAD, sealed, aad []byte) ([]byte, error) {
 	return aead.Open(nil, sealed[:n], sealed[n:], aad)
 }
 
-// cut shortens s for an error message.
-func cut(s string) string {
-	if len(s) > MaxKeyIDBytes {
-		return s[:MaxKeyIDBytes] + "…"
-	}
-	return s
-}
+// cut shortens s (a key id from outside) for an error message.
+func cut(s string) string { return sanitize.Text(s, MaxKeyIDBytes) }
