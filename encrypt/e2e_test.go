@@ -130,11 +130,10 @@ func (s *seen) get(id string) (ferry.Event, bool) {
 	return ev, ok
 }
 
-// consume runs an inbox named name on the stream with a decrypting codec
-// over ringName; it stops at cleanup and must not have failed.
-func (s *stack[TTx]) consume(t *testing.T, name, ringName string) *seen {
+// newInbox builds (does not run) an inbox named name whose codec opens
+// with ringName's keys; its handler records what it sees.
+func (s *stack[TTx]) newInbox(t *testing.T, name, ringName string) (*inbox.Inbox[TTx], *seen) {
 	t.Helper()
-	ctx := context.Background()
 	c, err := encrypt.New(s.rings[ringName], append(rules(), encrypt.WithSubjectKeyStore(s.drv.Executor()))...)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +149,15 @@ func (s *stack[TTx]) consume(t *testing.T, name, ringName string) *seen {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cons, err := natsjs.NewConsumer(ctx, s.nc, stream, name)
+	return ib, got
+}
+
+// consume runs an inbox named name on the stream with a decrypting codec
+// over ringName; it stops at cleanup and must not have failed.
+func (s *stack[TTx]) consume(t *testing.T, name, ringName string) *seen {
+	t.Helper()
+	ib, got := s.newInbox(t, name, ringName)
+	cons, err := natsjs.NewConsumer(context.Background(), s.nc, stream, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,6 +303,20 @@ func endToEnd[TTx any](t *testing.T, s *stack[TTx]) {
 	}
 	if _, ok := wrong.get(order1.ID.String()); ok {
 		t.Fatal("the wrong key's handler saw order1")
+	}
+	// Replayable once the key is back: the same consumer with the wrong
+	// key keeps it parked (control); with the right key it applies.
+	parkedID := s.parked(t, "wrongkey")[order1.ID.String()].ID
+	stillWrong, _ := s.newInbox(t, "wrongkey", "wrong")
+	if rs, err := stillWrong.Replay(ctx, parkedID); err != nil || len(rs) != 1 || rs[0].Outcome != inbox.OutcomeParked || rs[0].Reason != inbox.ReasonDecrypt {
+		t.Fatalf("replay with the wrong key: %+v %v", rs, err)
+	}
+	fixed, fixedSeen := s.newInbox(t, "wrongkey", "k1+k2")
+	if rs, err := fixed.Replay(ctx, parkedID); err != nil || len(rs) != 1 || rs[0].Outcome != inbox.OutcomeApplied {
+		t.Fatalf("replay with the right key: %+v %v", rs, err)
+	}
+	if got, ok := fixedSeen.get(order1.ID.String()); !ok || !bytes.Contains(got.Payload, []byte(canary)) {
+		t.Fatalf("replayed handler saw %q", got.Payload)
 	}
 
 	// The stream copy: encrypted, and opens before erasure (control).
