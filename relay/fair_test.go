@@ -391,3 +391,25 @@ func sentOf(t *testing.T, s *store, want []ferry.Event) []ferry.Event {
 	}
 	return out
 }
+
+// TestTenantShareKeepsDraining: a claim cut short by the tenant share
+// (fewer rows than the shard's share, but the tenant has more) counts as
+// "more work", so the relay keeps claiming instead of waiting for the next
+// poll or wake-up: 200 events of one tenant at a share of 5 drain with a
+// one-minute poll interval and no Notify. (Before the share counted, the
+// relay stopped after the first batch of 5.)
+func TestTenantShareKeepsDraining(t *testing.T) {
+	s := newSQLiteStore(t, 1)
+	n := startEmbeddedNATS(t)
+	want := s.produceTenants(t, 200, 10, 1)
+	r, err := New(s.db, n.publisher(t), fastOpts(1, WithBatchSize(20), WithTenantShare(5), WithPollInterval(time.Minute))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runRelay(t, r)
+	waitFor(t, 30*time.Second, "all 200 sent without a wake-up", func() bool { return s.count(t, "sent") == len(want) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkBroker(t, n.read(t), want)
+}

@@ -31,6 +31,11 @@ type claimed struct {
 
 type aggKey struct{ tenant, typ, id string }
 
+type tenantShard struct {
+	shard  int
+	tenant string
+}
+
 func keyOf(e *ferry.Event) aggKey { return aggKey{e.TenantID, e.AggregateType, e.AggregateID} }
 
 // work is worker w's claim → publish → mark loop. Worker 0 is the one
@@ -176,6 +181,7 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 	scan := func(rows driver.Rows) error {
 		defer rows.Close()
 		counts := map[int]int{}
+		var tenantCounts map[tenantShard]int // WithTenantShare
 		for rows.Next() {
 			var c claimed
 			var eid string
@@ -198,6 +204,17 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 			counts[e.Shard]++
 			if counts[e.Shard] >= per {
 				more = true
+			}
+			if share := r.cfg.tenantShare; share > 0 && !more {
+				// A tenant that filled its share has more rows waiting,
+				// even when the shard's share is not full.
+				tk := tenantShard{e.Shard, e.TenantID}
+				if tenantCounts == nil {
+					tenantCounts = map[tenantShard]int{}
+				}
+				if tenantCounts[tk]++; tenantCounts[tk] >= share {
+					more = true
+				}
 			}
 			out = append(out, c)
 		}
