@@ -111,12 +111,15 @@ type SoakProcess struct {
 }
 
 // ProcSample is a process's resident memory (VmRSS, /proc; 0 where there
-// is no /proc) and goroutine count (0: not known).
+// is no /proc), goroutine count and Go heap (0: not known).
 type ProcSample struct {
 	At         time.Duration `json:"at_ns"`
 	PID        int           `json:"pid"`
 	RSSKiB     int64         `json:"rss_kib"`
 	Goroutines int           `json:"goroutines"`
+	// HeapKiB is the Go heap in use (runtime.MemStats.HeapInuse): RSS
+	// growth with a flat heap is the allocator or the OS, not live data.
+	HeapKiB int64 `json:"heap_kib"`
 }
 
 // Failed reports whether the soak must exit non-zero: the checker found a
@@ -580,7 +583,7 @@ func (sp *soakProc) sample(at time.Duration) ProcSample {
 			s := ProcSample{At: at, PID: p.Pid, RSSKiB: readRSS(p.Pid)}
 			var ws workerStatus
 			if b, err := os.ReadFile(sp.job.StatusFile); err == nil && json.Unmarshal(b, &ws) == nil && ws.PID == p.Pid {
-				s.Goroutines = ws.Goroutines
+				s.Goroutines, s.HeapKiB = ws.Goroutines, ws.HeapKiB
 				return s
 			}
 		}
@@ -593,7 +596,13 @@ func (sp *soakProc) sample(at time.Duration) ProcSample {
 }
 
 func selfSample(at time.Duration) ProcSample {
-	return ProcSample{At: at, PID: os.Getpid(), RSSKiB: readRSS(os.Getpid()), Goroutines: runtime.NumGoroutine()}
+	return ProcSample{At: at, PID: os.Getpid(), RSSKiB: readRSS(os.Getpid()), Goroutines: runtime.NumGoroutine(), HeapKiB: heapKiB()}
+}
+
+func heapKiB() int64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapInuse / 1024)
 }
 
 // readRSS returns VmRSS of pid in KiB from /proc, 0 where there is none.
@@ -613,8 +622,9 @@ func readRSS(pid int) int64 {
 
 // workerStatus is what a worker writes to its StatusFile.
 type workerStatus struct {
-	PID        int `json:"pid"`
-	Goroutines int `json:"goroutines"`
+	PID        int   `json:"pid"`
+	Goroutines int   `json:"goroutines"`
+	HeapKiB    int64 `json:"heap_kib"`
 }
 
 // writeWorkerStatus rewrites path with the process's goroutine count every
@@ -626,7 +636,7 @@ func writeWorkerStatus(ctx context.Context, path string, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		b, _ := json.Marshal(workerStatus{PID: os.Getpid(), Goroutines: runtime.NumGoroutine()})
+		b, _ := json.Marshal(workerStatus{PID: os.Getpid(), Goroutines: runtime.NumGoroutine(), HeapKiB: heapKiB()})
 		tmp := path + ".tmp"
 		if os.WriteFile(tmp, b, 0o600) == nil {
 			_ = os.Rename(tmp, path)
@@ -731,11 +741,12 @@ func growthFindings(ps []SoakProcess) []string {
 			continue
 		}
 		if p.Start.RSSKiB > 0 && float64(p.End.RSSKiB) > growthRSSFactor*float64(p.Start.RSSKiB) {
-			out = append(out, fmt.Sprintf("%s (pid %d): resident memory grew from %d KiB to %d KiB (×%.2f) between %s and %s",
-				p.Name, p.End.PID, p.Start.RSSKiB, p.End.RSSKiB, float64(p.End.RSSKiB)/float64(p.Start.RSSKiB), p.Start.At, p.End.At))
+			out = append(out, fmt.Sprintf("%s (pid %d): resident memory grew from %d KiB to %d KiB (×%.2f) between %s and %s; Go heap in use %d KiB → %d KiB",
+				p.Name, p.End.PID, p.Start.RSSKiB, p.End.RSSKiB, float64(p.End.RSSKiB)/float64(p.Start.RSSKiB), p.Start.At.Round(time.Second), p.End.At.Round(time.Second),
+				p.Start.HeapKiB, p.End.HeapKiB))
 		}
 		if g0, g1 := p.Start.Goroutines, p.End.Goroutines; g0 > 0 && g1-g0 > growthGoroutinesN && g1 > g0+g0/5 {
-			out = append(out, fmt.Sprintf("%s (pid %d): goroutines grew from %d to %d between %s and %s", p.Name, p.End.PID, g0, g1, p.Start.At, p.End.At))
+			out = append(out, fmt.Sprintf("%s (pid %d): goroutines grew from %d to %d between %s and %s", p.Name, p.End.PID, g0, g1, p.Start.At.Round(time.Second), p.End.At.Round(time.Second)))
 		}
 	}
 	return out

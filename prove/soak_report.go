@@ -58,10 +58,10 @@ func (r *SoakReport) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 2, 2, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PROCESS\tPID\tRSS\tGOROUTINES\tPID END\tRSS END\tGOROUTINES END\tRESTARTS\tRUNS\t")
+	fmt.Fprintln(tw, "PROCESS\tPID\tRSS\tGO HEAP\tGOROUTINES\tPID END\tRSS END\tGO HEAP END\tGOROUTINES END\tRESTARTS\tRUNS\t")
 	for _, p := range r.Processes {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t\n", p.Name, p.Start.PID, kib(p.Start.RSSKiB), count(p.Start.Goroutines),
-			p.End.PID, kib(p.End.RSSKiB), count(p.End.Goroutines), p.Restarts, p.Runs)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t\n", p.Name, p.Start.PID, kib(p.Start.RSSKiB), kib(p.Start.HeapKiB), count(p.Start.Goroutines),
+			p.End.PID, kib(p.End.RSSKiB), kib(p.End.HeapKiB), count(p.End.Goroutines), p.Restarts, p.Runs)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

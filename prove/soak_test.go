@@ -61,7 +61,7 @@ func TestSoakShortRun(t *testing.T) {
 	}
 	for _, p := range rep.Processes {
 		for _, s := range []ProcSample{p.Start, p.End} {
-			if s.PID == 0 || s.Goroutines == 0 || (runtime.GOOS == "linux" && s.RSSKiB == 0) {
+			if s.PID == 0 || s.Goroutines == 0 || s.HeapKiB == 0 || (runtime.GOOS == "linux" && s.RSSKiB == 0) {
 				t.Errorf("%s: sample %+v lacks pid, goroutines or RSS", p.Name, s)
 			}
 		}
