@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -68,6 +69,9 @@ type plan struct {
 	// not retried (planOptions.abandonOnError).
 	abandonOnError bool
 	txWork         time.Duration // planOptions.txWork
+	// committing counts producers inside COMMIT right now (db-crash aims
+	// its frozen crash at one).
+	committing atomic.Int32
 	// outcomes is what the producer saw of each transaction (the only
 	// state the run adds to the plan).
 	outcomes *txOutcomes
@@ -308,7 +312,7 @@ func runTx(ctx context.Context, db *database, w *outbox.Writer[*sql.Tx], p *plan
 	start := time.Now()
 	for attempt := 0; attempt < 20 || time.Since(start) < producerRetryBudget; attempt++ {
 		var out string
-		out, err = runTxOnce(ctx, db, ptx, func(tx *sql.Tx, events []ferry.Event) error {
+		out, err = runTxOnceCounting(ctx, db, ptx, &p.committing, func(tx *sql.Tx, events []ferry.Event) error {
 			if _, err := w.InsertTx(ctx, tx, events...); err != nil {
 				return err
 			}
@@ -348,6 +352,12 @@ var errPlannedRollback = errors.New("prove: planned rollback")
 // statement failed or COMMIT was answered with an error, outcomeUnknown
 // when COMMIT's answer was lost (commitOutcomeLost).
 func runTxOnce(ctx context.Context, db *database, ptx *plannedTx, write func(*sql.Tx, []ferry.Event) error) (string, error) {
+	return runTxOnceCounting(ctx, db, ptx, nil, write)
+}
+
+// runTxOnceCounting is runTxOnce counting itself in committing (if not
+// nil) while its COMMIT is under way.
+func runTxOnceCounting(ctx context.Context, db *database, ptx *plannedTx, committing *atomic.Int32, write func(*sql.Tx, []ferry.Event) error) (string, error) {
 	tx, err := db.db.BeginTx(ctx, nil)
 	if err != nil {
 		return "", fmt.Errorf("begin: %w", err)
@@ -369,6 +379,10 @@ func runTxOnce(ctx context.Context, db *database, ptx *plannedTx, write func(*sq
 			return outcomeFailed, err
 		}
 		return outcomeRolledBack, nil
+	}
+	if committing != nil {
+		committing.Add(1)
+		defer committing.Add(-1)
 	}
 	if err := tx.Commit(); err != nil {
 		if commitOutcomeLost(db, err) {
