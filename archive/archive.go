@@ -109,16 +109,23 @@ func (s *Store) Close() error {
 	return s.bucket.Close()
 }
 
-// Location is the archive's URL without user info.
+// Location is the archive's URL as Redact shows it.
 func (s *Store) Location() string { return s.location }
 
-// Redact drops the user info (credentials) from a URL for display.
+// Redact returns a URL fit for results, logs and audit rows: without user
+// info and without query parameters (some drivers take credentials or
+// tokens there) except prefix, which says where the archive is.
 func Redact(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
+	if err != nil {
+		return "(unparsable archive URL)"
 	}
 	u.User = nil
+	q := url.Values{}
+	if p := u.Query().Get("prefix"); p != "" {
+		q.Set("prefix", p)
+	}
+	u.RawQuery = q.Encode()
 	return u.String()
 }
 

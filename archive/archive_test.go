@@ -340,3 +340,15 @@ func TestArchiveColumnsCoverSchema(t *testing.T) {
 		}
 	})
 }
+
+func TestRedactKeepsNoCredentials(t *testing.T) {
+	for in, want := range map[string]string{
+		"s3://user:secret@bucket?region=eu-west-1&prefix=ferry%2F&sas_token=abc": "s3://bucket?prefix=ferry%2F",
+		"file:///var/lib/ferry/archive?create_dir=1":                             "file:///var/lib/ferry/archive",
+		"azblob://container?sas_token=abc":                                       "azblob://container",
+	} {
+		if got := archive.Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

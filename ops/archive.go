@@ -405,15 +405,17 @@ func (o *Ops) insertArchived(ctx context.Context, tx driver.Tx, b ArchiveBatch) 
 			}
 			tuples[r] = "(" + strings.Join(ph, ", ") + ")"
 		}
-		head, tail := "INSERT INTO", " ON CONFLICT DO NOTHING"
+		tail := " ON CONFLICT DO NOTHING"
 		override := ""
 		switch {
 		case o.mysql():
-			head, tail = "INSERT IGNORE INTO", ""
+			// Not INSERT IGNORE: that would also turn a bad value into a
+			// warning. A no-op update counts 0 affected rows.
+			tail = fmt.Sprintf(" ON DUPLICATE KEY UPDATE %[1]s = %[1]s", names[0])
 		case o.pg() && hasID:
 			override = " OVERRIDING SYSTEM VALUE" // ids are GENERATED ALWAYS AS IDENTITY
 		}
-		q := fmt.Sprintf(`%s %s (%s)%s VALUES %s%s`, head, o.t(b.Table), strings.Join(names, ", "), override, strings.Join(tuples, ", "), tail)
+		q := fmt.Sprintf(`INSERT INTO %s (%s)%s VALUES %s%s`, o.t(b.Table), strings.Join(names, ", "), override, strings.Join(tuples, ", "), tail)
 		n, err := tx.Exec(ctx, q, args...)
 		if err != nil {
 			return total, fmt.Errorf("ops: restore %s: %w", b.Table, err)
