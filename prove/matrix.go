@@ -255,6 +255,7 @@ func violationSummary(f Figures) string {
 	add("state-mismatch", f.StateMismatch)
 	add("leaks", f.Leaks)
 	add("held-or-unexpected", f.Classes["unknown"]+f.Classes["unexpected"])
+	add("unknown-unresolved", f.Unknown-f.UnknownCommitted-f.UnknownAbsent)
 	return strings.Join(parts, " ")
 }
 

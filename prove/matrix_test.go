@@ -101,6 +101,11 @@ func TestMatrixFailedCell(t *testing.T) {
 	if !strings.Contains(b.String(), "FAIL lost=3") {
 		t.Errorf("failed cell not shown with its figure:\n%s", b.String())
 	}
+	m.addColumn(MatrixStack{Name: "postgres+nats", Status: "ran"}, &Report{Results: []Result{{Scenario: "producer-rollback", Status: StatusFail,
+		Figures: Figures{Unknown: 3, UnknownCommitted: 1, Classes: map[string]int{}}, Violations: []string{"2 of 3 events with an unknown commit outcome resolved to neither"}}}})
+	if c, _ := m.Cell("producer-rollback", "postgres+nats"); c.Summary != "unknown-unresolved=2" {
+		t.Errorf("unresolved unknowns: summary %q", c.Summary)
+	}
 	if _, err := RunMatrix(context.Background(), MatrixOptions{Stacks: []string{"oracle+nats"}}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "stacks") {
 		t.Errorf("unknown stack: %v", err)
 	}
