@@ -85,6 +85,9 @@ type Explain struct {
 	SharedHit   int64   `json:"shared_hit_blocks"`
 	SharedRead  int64   `json:"shared_read_blocks"`
 	Rows        int64   `json:"rows"`
+	// JITMS is the part of ExecutionMS spent compiling (jit = on and the
+	// plan's estimated cost over jit_above_cost).
+	JITMS float64 `json:"jit_ms"`
 }
 
 type design struct {
@@ -583,12 +586,17 @@ func explainMedian(ctx context.Context, pool *pgxpool.Pool, sql string, args ...
 				Read int64 `json:"Shared Read Blocks"`
 			} `json:"Plan"`
 			Execution float64 `json:"Execution Time"`
+			JIT       struct {
+				Timing struct {
+					Total float64 `json:"Total"`
+				} `json:"Timing"`
+			} `json:"JIT"`
 		}
 		if err := json.Unmarshal(raw, &plans); err != nil || len(plans) != 1 {
 			return Explain{}, fmt.Errorf("unexpected EXPLAIN output: %v", err)
 		}
 		p := plans[0]
-		runs = append(runs, Explain{ExecutionMS: p.Execution, SharedHit: p.Plan.Hit, SharedRead: p.Plan.Read, Rows: p.Plan.Rows})
+		runs = append(runs, Explain{ExecutionMS: p.Execution, SharedHit: p.Plan.Hit, SharedRead: p.Plan.Read, Rows: p.Plan.Rows, JITMS: p.JIT.Timing.Total})
 	}
 	sort.Slice(runs, func(i, j int) bool { return runs[i].ExecutionMS < runs[j].ExecutionMS })
 	return runs[1], nil
