@@ -22,8 +22,8 @@ import (
 // dbCrashes is how many times a db-crash scenario crashes the server:
 // the first a plain SIGKILL of the process group, the second a freeze
 // (SIGSTOP of the server's processes: every statement in flight hangs)
-// for dbCrashFreeze and until some producer hangs in COMMIT (at most 2 s
-// more), then the SIGKILL, so that a commit whose answer is lost (an
+// for dbCrashFreeze and until some producer hangs in COMMIT (at most 1 s
+// more; else a 100 ms thaw and a new freeze, five tries), then the SIGKILL, so that a commit whose answer is lost (an
 // unknown outcome) is there whenever producers are still at work, not a
 // matter of luck.
 const dbCrashes = 2
@@ -35,30 +35,45 @@ const (
 	dbCrashFreeze = 300 * time.Millisecond
 )
 
-// needsTempPostgres: the db-crash scenarios run with a Postgres stack
-// (the scenario's schema then lives on prove's own server, not on the
-// given one, which is never crashed) and the server binaries.
-func needsTempPostgres(st *stack, _ *config) string {
-	if st.pgURL == "" {
-		if st.myURL != "" {
-			return "needs Postgres (--database-url postgres://…): the MariaDB variant (a throwaway mariadbd) is not built yet"
-		}
-		return "needs Postgres (--database-url postgres://…): SQLite is a library inside prove's own process, there is no server to crash"
+// needsTempServer: the db-crash scenarios run with a Postgres or MySQL
+// stack (the scenario's schema or database then lives on prove's own
+// server of that kind — a MySQL stack gets a throwaway mariadbd — never on
+// the given one, which is not crashed) and the server binaries.
+func needsTempServer(st *stack, _ *config) string {
+	switch {
+	case st.pgURL != "":
+		return pgServerMissing()
+	case st.myURL != "":
+		return mariadbServerMissing()
 	}
-	return pgServerMissing()
+	return "needs Postgres or MySQL (--database-url postgres://… or mysql://…): SQLite is a library inside prove's own process, there is no server to crash"
 }
 
-// onServer is the stack with its database server replaced by pgURL.
-func (st *stack) onServer(pgURL string) *stack {
+// crashServerKind is the kind of throwaway server the stack's database
+// calls for.
+func (st *stack) crashServerKind() string {
+	if st.myURL != "" {
+		return serverMariaDB
+	}
+	return serverPostgres
+}
+
+// onServer is the stack with its database server replaced by the
+// throwaway server p.
+func (st *stack) onServer(p *tempServer) *stack {
 	c := *st
-	c.pgURL, c.myURL = pgURL, ""
+	if p.kind == serverMariaDB {
+		c.pgURL, c.myURL = "", p.URL()
+	} else {
+		c.pgURL, c.myURL = p.URL(), ""
+	}
 	return &c
 }
 
 // runDBCrash crashes and restarts pg dbCrashes times, each once a further
 // share of the workload's transactions has an outcome (or the budget is
 // spent), and returns the report's note.
-func runDBCrash(ctx context.Context, e *env, pg *tempPostgres) (string, error) {
+func runDBCrash(ctx context.Context, e *env, pg *tempServer) (string, error) {
 	total := len(e.plan.txs)
 	var recov []string
 	inCommit := int32(0)
@@ -74,14 +89,21 @@ func runDBCrash(ctx context.Context, e *env, pg *tempPostgres) (string, error) {
 		if i%2 == 1 {
 			// Frozen, every producer hangs at its next statement; wait
 			// (bounded) until one hangs in COMMIT, so the kill takes a
-			// COMMIT's answer with it.
-			pg.freeze()
-			sleepCtx(ctx, dbCrashFreeze)
-			for w := 0; w < 100 && e.plan.committing.Load() == 0 && ctx.Err() == nil; w++ {
-				sleepCtx(ctx, 20*time.Millisecond)
+			// COMMIT's answer with it. If none does (all were between
+			// transactions or retrying), thaw briefly and freeze again.
+			for try := 0; try < 5; try++ {
+				pg.freeze()
+				sleepCtx(ctx, dbCrashFreeze)
+				for w := 0; w < 50 && e.plan.committing.Load() == 0 && ctx.Err() == nil; w++ {
+					sleepCtx(ctx, 20*time.Millisecond)
+				}
+				if inCommit = e.plan.committing.Load(); inCommit > 0 {
+					break
+				}
+				pg.thaw()
+				sleepCtx(ctx, 100*time.Millisecond)
 			}
-			sleepCtx(ctx, 20*time.Millisecond) // its COMMIT written to the socket
-			inCommit = e.plan.committing.Load()
+			sleepCtx(ctx, 20*time.Millisecond) // the COMMIT written to the socket
 		}
 		if err := pg.crash(); err != nil {
 			return "", err
@@ -95,8 +117,8 @@ func runDBCrash(ctx context.Context, e *env, pg *tempPostgres) (string, error) {
 		}
 		recov = append(recov, time.Since(t0).Round(10*time.Millisecond).String())
 	}
-	return fmt.Sprintf("throwaway postgres (port %d) SIGKILLed %d times mid-run (the second after a freeze of at least %s, with %d producers in COMMIT), down %s each, restarted on the same data dir and port; crash recovery to first connection took %s",
-		pg.port, dbCrashes, dbCrashFreeze, inCommit, dbCrashHold, strings.Join(recov, ", ")), nil
+	return fmt.Sprintf("throwaway %s (port %d) SIGKILLed %d times mid-run (the second after a freeze of at least %s, with %d producers in COMMIT), down %s each, restarted on the same data dir and port; crash recovery to first connection took %s",
+		pg.kind, pg.port, dbCrashes, dbCrashFreeze, inCommit, dbCrashHold, strings.Join(recov, ", ")), nil
 }
 
 // dbCrashBit checks both crashes fired and one took a COMMIT's answer

@@ -7,20 +7,30 @@ import (
 	"errors"
 )
 
-// tempPostgres needs Linux (process groups with a parent-death signal);
+// The throwaway servers need Linux (a parent-death signal, /proc);
 // elsewhere the db-crash scenarios are not available.
-type tempPostgres struct{ port int }
-
-func pgServerMissing() string {
-	return "needs Linux: the throwaway Postgres server is run with a parent-death signal (prctl)"
+type tempServer struct {
+	kind string
+	port int
 }
 
-func startTempPostgres(context.Context) (*tempPostgres, error) {
-	return nil, errors.New("prove: " + pgServerMissing())
+const (
+	serverPostgres = "postgres"
+	serverMariaDB  = "mariadb"
+)
+
+const noTempServer = "needs Linux: the throwaway database server is run with a parent-death signal (prctl) and found in /proc"
+
+func pgServerMissing() string      { return noTempServer }
+func mariadbServerMissing() string { return noTempServer }
+
+func startTempServer(context.Context, string) (*tempServer, error) {
+	return nil, errors.New("prove: " + noTempServer)
 }
 
-func (p *tempPostgres) URL(string) string           { return "" }
-func (p *tempPostgres) start(context.Context) error { return errors.New("prove: " + pgServerMissing()) }
-func (p *tempPostgres) crash() error                { return errors.New("prove: " + pgServerMissing()) }
-func (p *tempPostgres) freeze()                     {}
-func (p *tempPostgres) close()                      {}
+func (p *tempServer) URL() string                 { return "" }
+func (p *tempServer) start(context.Context) error { return errors.New("prove: " + noTempServer) }
+func (p *tempServer) crash() error                { return errors.New("prove: " + noTempServer) }
+func (p *tempServer) freeze()                     {}
+func (p *tempServer) thaw()                       {}
+func (p *tempServer) close()                      {}

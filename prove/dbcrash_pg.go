@@ -16,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	ferrymysql "github.com/ferryhq/ferry/driver/mysql"
 )
 
 // pgServerBin is where Debian's packages put the Postgres 15 server
@@ -26,6 +28,27 @@ const pgServerBin = "/usr/lib/postgresql/15/bin"
 // tempPGPrefix names every throwaway cluster's directory under
 // os.TempDir(): <prefix>XXXX/{owner.lock,data,postgres.log}.
 const tempPGPrefix = "ferry-prove-pg-"
+
+// MariaDB's server and installer, as Debian's mariadb-server installs them.
+const (
+	mariadbd         = "/usr/sbin/mariadbd"
+	mariadbInstallDB = "/usr/bin/mariadb-install-db"
+)
+
+// mariadbServerMissing says why no throwaway MariaDB can be made here.
+func mariadbServerMissing() string {
+	for _, p := range []string{mariadbd, mariadbInstallDB} {
+		if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
+			return fmt.Sprintf("needs the MariaDB server binaries (%s not found; install mariadb-server)", p)
+		}
+	}
+	if os.Geteuid() == 0 {
+		if _, err := user.Lookup("mysql"); err != nil {
+			return "running as root: needs a `mysql` OS user to run the throwaway mariadbd as"
+		}
+	}
+	return ""
+}
 
 // pgBinDir is the directory the server binaries are taken from.
 func pgBinDir() string {
@@ -52,16 +75,17 @@ func pgServerMissing() string {
 	return ""
 }
 
-// tempPostgres is a Postgres cluster prove owns: its own data directory
+// tempServer is a Postgres cluster prove owns: its own data directory
 // in a temp dir, its own loopback port, fsync on. It is started as the
 // `postgres` OS user when prove runs as root (initdb and postgres refuse
 // root); a crash stops, then kills, the postmaster and every backend at
 // once (found by parent: each Postgres child calls setsid()), and the
 // postmaster has a parent-death signal so
 // that it dies with prove even when prove is SIGKILLed. The directory
-// holds a lock (flock) for as long as its owner lives; sweepTempPostgres
+// holds a lock (flock) for as long as its owner lives; sweepTempServers
 // removes the directories, and kills the servers, of owners that died.
-type tempPostgres struct {
+type tempServer struct {
+	kind               string // serverPostgres or serverMariaDB
 	dir, data, logPath string
 	port               int
 	cred               *syscall.Credential
@@ -70,23 +94,38 @@ type tempPostgres struct {
 	exited             chan struct{}
 }
 
-// URL is the superuser URL of database db on the server.
-func (p *tempPostgres) URL(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&connect_timeout=2", p.port, db)
+// Kinds of throwaway server.
+const (
+	serverPostgres = "postgres"
+	serverMariaDB  = "mariadb"
+)
+
+// URL is the server's superuser URL, for the stack (stack.onServer).
+func (p *tempServer) URL() string {
+	if p.kind == serverMariaDB {
+		return fmt.Sprintf("mysql://root@127.0.0.1:%d/mysql", p.port)
+	}
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=2", p.port)
 }
 
-// startTempPostgres sweeps dead owners' leftovers, then initialises and
-// starts a new cluster and waits until it accepts connections.
-func startTempPostgres(ctx context.Context) (_ *tempPostgres, err error) {
-	if why := pgServerMissing(); why != "" {
+// startTempServer sweeps dead owners' leftovers, then initialises and
+// starts a new server of kind and waits until it accepts connections.
+func startTempServer(ctx context.Context, kind string) (_ *tempServer, err error) {
+	osUser := "postgres"
+	if kind == serverMariaDB {
+		osUser = "mysql"
+		if why := mariadbServerMissing(); why != "" {
+			return nil, errors.New("prove: " + why)
+		}
+	} else if why := pgServerMissing(); why != "" {
 		return nil, errors.New("prove: " + why)
 	}
-	sweepTempPostgres()
+	sweepTempServers()
 	dir, err := os.MkdirTemp("", tempPGPrefix+"*")
 	if err != nil {
-		return nil, fmt.Errorf("prove: temp postgres dir: %w", err)
+		return nil, fmt.Errorf("prove: temp %s dir: %w", kind, err)
 	}
-	p := &tempPostgres{dir: dir, data: filepath.Join(dir, "data"), logPath: filepath.Join(dir, "postgres.log")}
+	p := &tempServer{kind: kind, dir: dir, data: filepath.Join(dir, "data"), logPath: filepath.Join(dir, "server.log")}
 	defer func() {
 		if err != nil {
 			p.close()
@@ -96,9 +135,9 @@ func startTempPostgres(ctx context.Context) (_ *tempPostgres, err error) {
 		return nil, err
 	}
 	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
+		u, err := user.Lookup(osUser)
 		if err != nil {
-			return nil, fmt.Errorf("prove: temp postgres: os user postgres: %w", err)
+			return nil, fmt.Errorf("prove: temp %s: os user %s: %w", kind, osUser, err)
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
@@ -108,8 +147,11 @@ func startTempPostgres(ctx context.Context) (_ *tempPostgres, err error) {
 		}
 	}
 	initdb := p.command(ctx, filepath.Join(pgBinDir(), "initdb"), "-D", p.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions")
+	if kind == serverMariaDB {
+		initdb = p.command(ctx, mariadbInstallDB, "--no-defaults", "--datadir="+p.data, "--auth-root-authentication-method=normal", "--skip-test-db")
+	}
 	if out, err := initdb.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("prove: initdb: %w: %s", err, tail(string(out), 600))
+		return nil, fmt.Errorf("prove: %s: %w: %s", filepath.Base(initdb.Path), err, tail(string(out), 600))
 	}
 	// A free port, taken again by the server at once; if another process
 	// takes it in between, the start fails and is retried on a new one.
@@ -126,7 +168,7 @@ func startTempPostgres(ctx context.Context) (_ *tempPostgres, err error) {
 	}
 }
 
-func (p *tempPostgres) command(ctx context.Context, name string, args ...string) *exec.Cmd {
+func (p *tempServer) command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	c := exec.CommandContext(ctx, name, args...)
 	c.Dir = p.dir
 	c.Env = append(os.Environ(), "LC_ALL=C", "TZ=UTC")
@@ -136,10 +178,10 @@ func (p *tempPostgres) command(ctx context.Context, name string, args ...string)
 
 // start runs the postmaster on the data directory and port and waits
 // until it accepts connections (crash recovery included), within 30 s.
-func (p *tempPostgres) start(ctx context.Context) error {
+func (p *tempServer) start(ctx context.Context) error {
 	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return fmt.Errorf("prove: temp postgres log: %w", err)
+		return fmt.Errorf("prove: temp %s log: %w", p.kind, err)
 	}
 	defer logf.Close()
 	// Not CommandContext: the server must outlive a cancelled scenario
@@ -147,38 +189,56 @@ func (p *tempPostgres) start(ctx context.Context) error {
 	c := exec.Command(filepath.Join(pgBinDir(), "postgres"), "-D", p.data, "-p", strconv.Itoa(p.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=", "-c", "fsync=on",
 		"-c", "synchronous_commit=on", "-c", "full_page_writes=on", "-c", "shared_buffers=16MB", "-c", "max_connections=100")
+	if p.kind == serverMariaDB {
+		// --skip-grant-tables: every client is a superuser (loopback only,
+		// a throwaway server). Durability as shipped: InnoDB flushes its
+		// log at every commit; no binary log.
+		c = exec.Command(mariadbd, "--no-defaults", "--datadir="+p.data, "--port="+strconv.Itoa(p.port),
+			"--bind-address=127.0.0.1", "--socket="+filepath.Join(p.dir, "mariadbd.sock"), "--pid-file="+filepath.Join(p.dir, "mariadbd.pid"),
+			"--skip-grant-tables", "--skip-log-bin", "--innodb-flush-log-at-trx-commit=1", "--innodb-buffer-pool-size=32M", "--max-connections=200")
+	}
 	c.Dir, c.Env, c.Stdout, c.Stderr = p.dir, append(os.Environ(), "LC_ALL=C", "TZ=UTC"), logf, logf
 	c.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := c.Start(); err != nil {
-		return fmt.Errorf("prove: start postgres: %w", err)
+		return fmt.Errorf("prove: start %s: %w", p.kind, err)
 	}
 	p.cmd, p.exited = c, make(chan struct{})
 	go func(done chan struct{}) { _ = c.Wait(); close(done) }(p.exited)
-	db, err := sql.Open("pgx", p.URL("postgres"))
-	if err != nil {
-		p.kill()
-		return fmt.Errorf("prove: open temp postgres: %w", err)
-	}
-	defer db.Close()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err = db.PingContext(pctx)
+		err = p.ping(pctx)
 		cancel()
 		if err == nil {
 			return nil
 		}
 		select {
 		case <-p.exited:
-			return fmt.Errorf("prove: temp postgres on port %d exited at start: %s", p.port, tail(p.log(), 600))
+			return fmt.Errorf("prove: temp %s on port %d exited at start: %s", p.kind, p.port, tail(p.log(), 600))
 		default:
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			p.kill()
-			return fmt.Errorf("prove: temp postgres on port %d not ready within 30s: %w: %s", p.port, err, tail(p.log(), 600))
+			return fmt.Errorf("prove: temp %s on port %d not ready within 30s: %w: %s", p.kind, p.port, err, tail(p.log(), 600))
 		}
 		sleepCtx(ctx, 50*time.Millisecond)
 	}
+}
+
+// ping opens a connection to the server and closes it.
+func (p *tempServer) ping(ctx context.Context) error {
+	var db *sql.DB
+	var err error
+	if p.kind == serverMariaDB {
+		db, err = ferrymysql.Open(p.URL()) // connects at once
+	} else {
+		db, err = sql.Open("pgx", p.URL())
+	}
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.PingContext(ctx)
 }
 
 // crash SIGKILLs the postmaster and every one of its children (the
@@ -186,9 +246,9 @@ func (p *tempPostgres) start(ctx context.Context) error {
 // shutdown checkpoint, no goodbye to clients, no backend left to notice
 // the postmaster's death and answer its client; whatever was not in the
 // WAL on disk is lost, as in a power cut of the server's processes.
-func (p *tempPostgres) crash() error {
+func (p *tempServer) crash() error {
 	if p.cmd == nil || p.cmd.Process == nil {
-		return errors.New("prove: temp postgres is not running")
+		return fmt.Errorf("prove: temp %s is not running", p.kind)
 	}
 	p.kill()
 	return nil
@@ -196,9 +256,20 @@ func (p *tempPostgres) crash() error {
 
 // freeze SIGSTOPs the postmaster and every child: each statement in
 // flight hangs, its answer unsent.
-func (p *tempPostgres) freeze() {
+func (p *tempServer) freeze() {
 	if p.cmd != nil && p.cmd.Process != nil {
 		p.stopAll()
+	}
+}
+
+// thaw SIGCONTs the postmaster and its children after a freeze.
+func (p *tempServer) thaw() {
+	if p.cmd == nil || p.cmd.Process == nil {
+		return
+	}
+	pm := p.cmd.Process.Pid
+	for _, pid := range append(childPids(pm), pm) {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
 	}
 }
 
@@ -206,7 +277,7 @@ func (p *tempPostgres) freeze() {
 // children, and returns them all. The children must be found by parent:
 // every Postgres child calls setsid(), so none is in the postmaster's
 // process group.
-func (p *tempPostgres) stopAll() []int {
+func (p *tempServer) stopAll() []int {
 	pm := p.cmd.Process.Pid
 	_ = syscall.Kill(pm, syscall.SIGSTOP)
 	pids := append(childPids(pm), pm)
@@ -218,7 +289,7 @@ func (p *tempPostgres) stopAll() []int {
 
 // kill stops the postmaster and its children, SIGKILLs them all (none
 // runs in between) and waits, bounded, until every one is gone.
-func (p *tempPostgres) kill() {
+func (p *tempServer) kill() {
 	if p.cmd == nil || p.cmd.Process == nil {
 		return
 	}
@@ -279,7 +350,7 @@ func processAlive(pid int) bool {
 }
 
 // close kills the server and removes its directory and lock.
-func (p *tempPostgres) close() {
+func (p *tempServer) close() {
 	p.kill()
 	if p.dir != "" {
 		_ = os.RemoveAll(p.dir)
@@ -289,7 +360,7 @@ func (p *tempPostgres) close() {
 	}
 }
 
-func (p *tempPostgres) log() string {
+func (p *tempServer) log() string {
 	b, _ := os.ReadFile(p.logPath)
 	return string(b)
 }
@@ -308,13 +379,13 @@ func lockDir(dir string) (*os.File, error) {
 	return f, nil
 }
 
-// sweepTempPostgres removes throwaway clusters whose owner died (its lock
+// sweepTempServers removes throwaway clusters whose owner died (its lock
 // is free): a server still running there (a parent-death signal can miss,
 // e.g. when the owner's thread had already exited) is SIGKILLed by the pid
 // in postmaster.pid, after checking /proc that the pid is a postgres on
 // that data directory; then the directory goes. Clusters whose owner
 // lives are left alone, so concurrent runs do not disturb each other.
-func sweepTempPostgres() {
+func sweepTempServers() {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), tempPGPrefix+"*"))
 	for _, dir := range dirs {
 		f, err := os.OpenFile(filepath.Join(dir, "owner.lock"), os.O_RDWR, 0)
@@ -328,14 +399,17 @@ func sweepTempPostgres() {
 			_ = f.Close()
 			continue // its owner is alive
 		}
-		killStalePostmaster(filepath.Join(dir, "data"))
+		killStale(filepath.Join(dir, "data"), filepath.Join(dir, "data", "postmaster.pid"))
+		killStale(filepath.Join(dir, "data"), filepath.Join(dir, "mariadbd.pid"))
 		_ = os.RemoveAll(dir)
 		_ = f.Close()
 	}
 }
 
-func killStalePostmaster(data string) {
-	b, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+// killStale SIGKILLs the server whose pid pidFile names (and its
+// children), if /proc says it still runs on data.
+func killStale(data, pidFile string) {
+	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return
 	}

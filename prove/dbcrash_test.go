@@ -57,6 +57,33 @@ func TestDBCrash(t *testing.T) {
 	}
 }
 
+// TestDBCrashMariaDB: the same on a MySQL stack, whose scenarios get a
+// throwaway mariadbd (mariadb-install-db, own datadir and port).
+func TestDBCrashMariaDB(t *testing.T) {
+	if why := mariadbServerMissing(); why != "" {
+		testenv.Unavailable(t, "db-crash on MariaDB: %s", why)
+	}
+	my := testenv.MySQLURL(t)
+	before := tempPGDirs(t)
+	rep, err := Run(context.Background(), small(WithDatabaseURL(my), WithScenarios("db-crash", "control-dual-write-db-crash"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf strings.Builder
+	_ = rep.WriteTable(&buf)
+	t.Log("\n" + buf.String())
+	assertMatrix(t, rep, nil)
+	r, _ := rep.Result("db-crash")
+	if f := r.Figures; f.FaultsInjected != dbCrashes || !strings.Contains(r.Note, "throwaway mariadb") || f.Unknown == 0 || f.Unknown != f.UnknownCommitted+f.UnknownAbsent {
+		t.Errorf("db-crash on mariadb: note %q, figures %+v", r.Note, f)
+	}
+	for d := range tempPGDirs(t) {
+		if !before[d] {
+			t.Errorf("throwaway server dir %s left behind", d)
+		}
+	}
+}
+
 // TestDBCrashNeedsPostgres: on SQLite the scenarios say why they cannot
 // run instead of passing vacuously.
 func TestDBCrashNeedsPostgres(t *testing.T) {
@@ -78,7 +105,7 @@ func TestDBCrashNeedsPostgres(t *testing.T) {
 func TestTempPostgresSurvivesKilledOwner(t *testing.T) {
 	needPGServer(t)
 	if os.Getenv("FERRY_PROVE_TEMP_PG_CHILD") == "1" {
-		p, err := startTempPostgres(context.Background())
+		p, err := startTempServer(context.Background(), serverPostgres)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +151,7 @@ func TestTempPostgresSurvivesKilledOwner(t *testing.T) {
 		t.Errorf("postmaster %s outlived its killed owner", pid)
 	}
 
-	p, err := startTempPostgres(context.Background())
+	p, err := startTempServer(context.Background(), serverPostgres)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -200,7 +200,7 @@ func allScenarios() []*scenario {
 			}},
 		{name: "db-crash", desc: "the database is a throwaway Postgres server (initdb, own port, fsync on) SIGKILLed twice — postmaster and backends — while producers commit, the relay marks and the consumer applies, and restarted on the same data dir: every commit the client saw lands once, none it saw fail appears, each unknown outcome resolves",
 			plan: planOptions{rollbackRate: 0.05, abandonOnError: true, txWork: 15 * time.Millisecond}, relays: oneRelay, dbCrash: true, throttle: 5 * time.Millisecond,
-			notAvailable: needsTempPostgres, extra: dbCrashBit},
+			notAvailable: needsTempServer, extra: dbCrashBit},
 
 		// Negative controls: broken pipelines that must show violations.
 		{name: "control-naive-dual-write", control: true, desc: "commit, then publish directly (crash between); publish inside a tx that rolls back",
@@ -216,7 +216,7 @@ func allScenarios() []*scenario {
 		{name: "control-cdc-confirm-before-mark", control: true, desc: "the CDC relay confirms the LSN at the broker's ack, before marking the rows sent, and is SIGKILLed: the table disagrees with the broker",
 			plan: planOptions{}, cdc: true, cdcConfirmEarly: true, throttle: 100 * time.Millisecond, notAvailable: needsPostgresAndWorker},
 		{name: "control-dual-write-db-crash", control: true, desc: "a producer publishes straight to the broker inside its transaction, before COMMIT, and the database crashes: announced changes that never committed",
-			plan: planOptions{abandonOnError: true}, naive: true, dbCrash: true, throttle: 20 * time.Millisecond, notAvailable: needsTempPostgres},
+			plan: planOptions{abandonOnError: true}, naive: true, dbCrash: true, throttle: 20 * time.Millisecond, notAvailable: needsTempServer},
 		{name: "control-inline-effect", control: true, desc: "external call inside the handler without the ledger; crash after provider success",
 			plan: planOptions{faultRates: map[int]float64{faultEffectCrash: 0.2}}, relays: oneRelay, inlineEffect: true},
 	}
@@ -297,15 +297,15 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 }
 
 func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) (Figures, []string, string, []string, error) {
-	var pg *tempPostgres // db-crash: the scenario's own server, closed after the database
+	var pg *tempServer // db-crash: the scenario's own Postgres or MariaDB server, closed after the database
 	dbStack := st
 	if sc.dbCrash {
 		var err error
-		if pg, err = startTempPostgres(ctx); err != nil {
+		if pg, err = startTempServer(ctx, st.crashServerKind()); err != nil {
 			return Figures{}, nil, "", nil, err
 		}
 		defer pg.close()
-		dbStack = st.onServer(pg.URL("postgres"))
+		dbStack = st.onServer(pg)
 	}
 	db, err := dbStack.newDatabase(ctx, sc.name)
 	if err != nil {
