@@ -652,13 +652,11 @@ func writeWorkerStatus(ctx context.Context, path string, every time.Duration) {
 // sampleSoak fills row's totals from ground truth and the per-interval
 // figures from the previous row.
 func sampleSoak(ctx context.Context, e *env, row *SoakRow, prev SoakRow) {
+	// Read downstream first (applied, then the broker, then committed), so
+	// a row never shows more applied than committed.
 	ex := e.db.drv.Executor()
 	var committed, applied int64
 	var notes []string
-	if err := countInto(ctx, ex, `SELECT COUNT(*) FROM prove_business`, &committed); err != nil {
-		committed = int64(prev.CommittedTotal)
-		notes = append(notes, "committed not read: "+err.Error())
-	}
 	if err := countInto(ctx, ex, `SELECT COUNT(DISTINCT event_id) FROM prove_applied`, &applied); err != nil {
 		applied = int64(prev.AppliedTotal)
 		notes = append(notes, "applied not read: "+err.Error())
@@ -677,6 +675,10 @@ func sampleSoak(ctx context.Context, e *env, row *SoakRow, prev SoakRow) {
 			}
 		}
 		published = len(ids)
+	}
+	if err := countInto(ctx, ex, `SELECT COUNT(*) FROM prove_business`, &committed); err != nil {
+		committed = int64(prev.CommittedTotal)
+		notes = append(notes, "committed not read: "+err.Error())
 	}
 	row.CommittedTotal, row.AppliedTotal, row.PublishedTotal = int(committed), int(applied), published
 	row.Committed = row.CommittedTotal - prev.CommittedTotal
