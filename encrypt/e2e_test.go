@@ -32,6 +32,9 @@ import (
 const (
 	stream    = "ENC"
 	subject42 = "customer-42"
+	// dupWindow is the stream's duplicate window: short, so a replay after
+	// it reaches the consumers again.
+	dupWindow = 200 * time.Millisecond
 )
 
 // stack is the whole path: outbox with encryption → relay → embedded
@@ -76,7 +79,7 @@ func newStack[TTx any](t *testing.T, drv driver.Driver[TTx], db ops.DB) *stack[T
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := natsjs.EnsureStream(ctx, js, natsjs.StreamConfig{Name: stream, Subjects: []string{"customer.events", "order.events"}}); err != nil {
+	if _, err := natsjs.EnsureStream(ctx, js, natsjs.StreamConfig{Name: stream, Subjects: []string{"customer.events", "order.events"}, DuplicateWindow: dupWindow}); err != nil {
 		t.Fatal(err)
 	}
 	pub, err := natsjs.NewPublisher(nc)
@@ -154,7 +157,7 @@ func (s *stack[TTx]) newInbox(t *testing.T, name, ringName string) (*inbox.Inbox
 
 // consume runs an inbox named name on the stream with a decrypting codec
 // over ringName; it stops at cleanup and must not have failed.
-func (s *stack[TTx]) consume(t *testing.T, name, ringName string) *seen {
+func (s *stack[TTx]) consume(t *testing.T, name, ringName string) (*seen, *inbox.Inbox[TTx]) {
 	t.Helper()
 	ib, got := s.newInbox(t, name, ringName)
 	cons, err := natsjs.NewConsumer(context.Background(), s.nc, stream, name)
@@ -171,7 +174,7 @@ func (s *stack[TTx]) consume(t *testing.T, name, ringName string) *seen {
 		}
 		_ = cons.Close()
 	})
-	return got
+	return got, ib
 }
 
 func (s *stack[TTx]) outboxPayload(t *testing.T, id string) []byte {
@@ -285,7 +288,7 @@ func endToEnd[TTx any](t *testing.T, s *stack[TTx]) {
 	}
 
 	// A consumer with both keys sees every plaintext, content type restored.
-	billing := s.consume(t, "billing", "k1+k2")
+	billing, billingInbox := s.consume(t, "billing", "k1+k2")
 	for _, ev := range []ferry.Event{order1, cust, order2} {
 		waitUntil(t, "billing applies "+ev.EventType, func() bool { _, ok := billing.get(ev.ID.String()); return ok })
 		got, _ := billing.get(ev.ID.String())
@@ -295,7 +298,7 @@ func endToEnd[TTx any](t *testing.T, s *stack[TTx]) {
 	}
 
 	// A consumer whose k1 is wrong parks order1 (decrypt), applies order2.
-	wrong := s.consume(t, "wrongkey", "wrong")
+	wrong, _ := s.consume(t, "wrongkey", "wrong")
 	waitUntil(t, "wrongkey applies order2", func() bool { _, ok := wrong.get(order2.ID.String()); return ok })
 	waitUntil(t, "wrongkey parks order1", func() bool { _, ok := s.parked(t, "wrongkey")[order1.ID.String()]; return ok })
 	if p := s.parked(t, "wrongkey")[order1.ID.String()]; p.Reason != "decrypt" || strings.Contains(p.LastError, canary) {
@@ -387,7 +390,21 @@ func endToEnd[TTx any](t *testing.T, s *stack[TTx]) {
 
 	// A consumer reading the stream after erasure parks the erased event
 	// (reason decrypt), applies the others, and keeps running.
-	late := s.consume(t, "latecomer", "k1+k2")
+	// Dedup still works on erased events: the relay republishes the erased
+	// event (a replay past the stream's duplicate window) and billing,
+	// which applied it before the erasure, absorbs it as a duplicate
+	// instead of parking it.
+	time.Sleep(dupWindow + 100*time.Millisecond)
+	dups := billingInbox.Stats().Duplicates
+	if r, err := s.ops.Replay(ctx, ops.Filter{EventIDs: []string{cust.ID.String()}}, ops.Approval{Approve: true, Actor: "t", Reason: "redeliver"}); err != nil || r.Rows != 1 {
+		t.Fatalf("replay: %+v %v", r, err)
+	}
+	waitUntil(t, "billing absorbs the republished erased event", func() bool { return billingInbox.Stats().Duplicates > dups })
+	if p, ok := s.parked(t, "billing")[cust.ID.String()]; ok {
+		t.Fatalf("billing parked the duplicate of an erased event: %+v", p)
+	}
+
+	late, _ := s.consume(t, "latecomer", "k1+k2")
 	waitUntil(t, "latecomer parks the erased event", func() bool { _, ok := s.parked(t, "latecomer")[cust.ID.String()]; return ok })
 	p := s.parked(t, "latecomer")[cust.ID.String()]
 	if p.Reason != "decrypt" || !strings.Contains(p.LastError, "erased") {

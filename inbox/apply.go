@@ -276,8 +276,6 @@ func (ib *Inbox[TTx]) finishStep(ctx context.Context, txv TTx, tx driver.Tx, m *
 		return ib.parkLive(ctx, tx, m, ReasonCollision, "fingerprint differs from the applied event with this tenant and event id", res.prevFP)
 	case stepSchema:
 		return ib.parkLive(ctx, tx, m, ReasonSchema, res.err.Error(), nil)
-	case stepDecrypt:
-		return ib.parkLive(ctx, tx, m, ReasonDecrypt, res.err.Error(), nil)
 	default:
 		return fmt.Errorf("inbox: unexpected step result %d", res.kind)
 	}
@@ -285,9 +283,12 @@ func (ib *Inbox[TTx]) finishStep(ctx context.Context, txv TTx, tx driver.Tx, m *
 }
 
 // finishFailure decides what an undone message becomes (the caller already
-// rolled its effect back): unauthorized → parked; handler error → parked
+// rolled its effect back): unauthorized or not decryptable → parked; handler error → parked
 // as poison when permanent or out of attempts, else retried.
 func (ib *Inbox[TTx]) finishFailure(ctx context.Context, exec driver.Executor, m *message, res stepResult) error {
+	if res.kind == stepDecrypt {
+		return ib.parkLive(ctx, exec, m, ReasonDecrypt, res.err.Error(), nil)
+	}
 	if res.kind == stepUnauthorized {
 		ib.log.WarnContext(ctx, "authorization denied; parked", "event_id", m.ev.ID, "tenant_id", m.ev.TenantID,
 			"principal", sanitize.Text(m.ev.Headers.Principal, 128), "action", sanitize.Text(m.ev.Headers.Action, 128))

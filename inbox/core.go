@@ -273,7 +273,7 @@ const (
 	stepSchema                // nothing written; park
 	stepUnauthorized          // claim written: undo, then park
 	stepFailed                // claim written and handler failed: undo, then retry or park poison
-	stepDecrypt               // nothing written; park (WithDecryption)
+	stepDecrypt               // claim written and payload does not decrypt (WithDecryption): undo, then park
 )
 
 type stepResult struct {
@@ -283,7 +283,9 @@ type stepResult struct {
 	hasSuccessor bool
 }
 
-func (k stepKind) needsUndo() bool { return k == stepUnauthorized || k == stepFailed }
+func (k stepKind) needsUndo() bool {
+	return k == stepUnauthorized || k == stepFailed || k == stepDecrypt
+}
 
 // step runs every check and the handler for one valid message inside tx.
 // It never commits. An error return is an infrastructure failure: the
@@ -294,12 +296,14 @@ func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m 
 	if ib.cfg.schemas != nil && !ib.cfg.schemas[SchemaKey{ev.EventType, ev.SchemaVersion}] {
 		return stepResult{kind: stepSchema, err: fmt.Errorf("event type %q schema version %d is not supported by this consumer", sanitize.Text(ev.EventType, 128), ev.SchemaVersion)}, nil
 	}
-	ev, err := ib.open(ctx, ev)
-	if err != nil {
-		return stepResult{kind: stepDecrypt, err: err}, nil
-	}
-	if err := ib.contractErr(ev); err != nil {
-		return stepResult{kind: stepSchema, err: err}, nil
+	// A payload that does not decrypt still goes through the claim, so a
+	// redelivered duplicate (or stale event) of an erased subject is
+	// absorbed as before; only one that would apply is undone and parked.
+	ev, decryptErr := ib.open(ctx, ev)
+	if decryptErr == nil {
+		if err := ib.contractErr(ev); err != nil {
+			return stepResult{kind: stepSchema, err: err}, nil
+		}
 	}
 	c, err := ib.claim(ctx, exec, m, ib.cfg.now().UTC())
 	if err != nil {
@@ -320,6 +324,9 @@ func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m 
 	}
 	if !c.claimed || (ib.cfg.ordering && !c.advanced) {
 		return stepResult{}, errConcurrent
+	}
+	if decryptErr != nil {
+		return stepResult{kind: stepDecrypt, err: decryptErr}, nil
 	}
 	if ib.authorize != nil {
 		if err := ib.authorize(ctx, tx, ev); err != nil {

@@ -21,9 +21,11 @@ type PayloadOpener interface {
 // dedup fingerprint, parked rows — is computed from and keeps the
 // envelope as delivered, so no plaintext copy lands in the consumer's
 // tables. A message that does not decrypt (a wrong or missing keyring key,
-// an erased subject, tampered bytes) is parked with reason decrypt before
-// it is claimed, never dropped; it is replayable once the key is back (an
-// erased subject's never is). With it the optimistic batch pass is off
+// an erased subject, tampered bytes) still goes through the dedup claim
+// and the cursor: a duplicate or stale one is absorbed as usual (dedup and
+// order keep working after an erasure); one that would apply has its claim
+// undone and is parked with reason decrypt, never dropped. It is
+// replayable once the key is back (an erased subject's never is). With it the optimistic batch pass is off
 // (each message runs under its own savepoint). Off by default.
 func WithDecryption(o PayloadOpener) Option {
 	return func(c *config) { c.opener = o; c.alwaysSavepoints = true }

@@ -355,7 +355,7 @@ func (ib *Inbox[TTx]) replayParkedResult(ctx context.Context, txv TTx, tx driver
 			tally.successorsApplied++
 		}
 		return true, p.Event.AggregateSeq, r, release()
-	case stepUnauthorized, stepFailed:
+	case stepUnauthorized, stepFailed, stepDecrypt:
 		if err := rollbackTo(ctx, tx, sp); err != nil {
 			return false, 0, r, err
 		}
