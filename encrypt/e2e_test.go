@@ -2,8 +2,13 @@ package encrypt_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/archive"
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/driver"
@@ -418,5 +424,73 @@ func endToEnd[TTx any](t *testing.T, s *stack[TTx]) {
 	waitUntil(t, "latecomer applies the new subject event", func() bool { _, ok := late.get(cust2.ID.String()); return ok })
 	if h1, _ := encrypt.Inspect(cust.Payload); func() bool { h2, _ := encrypt.Inspect(cust2.Payload); return h1.KeyID == h2.KeyID }() {
 		t.Fatal("the new event reused the erased key's handle")
+	}
+
+	// And from the archive: cleanup --archive copies the erased row (made
+	// old enough) to a blob store; the archived payload is the envelope,
+	// which does not open, and no archived byte holds the plaintext.
+	longAgo := time.Now().UTC().Add(-300 * time.Hour)
+	if _, err := s.drv.Executor().Exec(ctx, `UPDATE ferry_outbox SET published_at = $1 WHERE event_id = $2`, longAgo, cust.ID.String()); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	st, err := archive.Open(ctx, "file://"+dir+"?create_dir=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cr, err := s.ops.Cleanup(ctx, ops.CleanupOptions{Retention: 240 * time.Hour, Archive: st}, ops.Approval{Approve: true, Actor: "t", Reason: "archive"})
+	if err != nil || cr.Outbox != 1 || cr.Archived < 1 {
+		t.Fatalf("cleanup --archive: %+v %v", cr, err)
+	}
+	var archived []byte
+	for b, err := range st.Batches(ctx) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Table != "outbox" {
+			continue
+		}
+		for _, row := range b.Rows {
+			var rowEv ferry.Event
+			for i, c := range b.Columns {
+				switch c.Name {
+				case "event_id":
+					if fmt.Sprint(row[i]) == cust.ID.String() {
+						rowEv = cust
+					}
+				case "payload":
+					archived, _ = row[i].([]byte)
+				}
+			}
+			if rowEv.ID == cust.ID {
+				rowEv.Payload, rowEv.ContentType = archived, encrypt.ContentType
+				if _, err := opener.Open(ctx, rowEv); !errors.Is(err, encrypt.ErrSubjectErased) {
+					t.Fatalf("archived copy after erasure: %v, want ErrSubjectErased", err)
+				}
+				archived = append([]byte(nil), archived...)
+				goto found
+			}
+		}
+	}
+	t.Fatal("erased event not in the archive")
+found:
+	if !encrypt.IsEnvelope(archived) || bytes.Contains(archived, []byte(canary)) {
+		t.Fatal("archived payload is not the envelope")
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*", "*"))
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if zr, err := gzip.NewReader(bytes.NewReader(raw)); err == nil {
+			if raw, err = io.ReadAll(zr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if bytes.Contains(raw, []byte(canary)) {
+			t.Fatalf("archive file %s holds the plaintext", f)
+		}
 	}
 }
