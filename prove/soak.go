@@ -361,7 +361,11 @@ func runSoak(ctx context.Context, cfg *config, st *stack, so SoakOptions, txs in
 			for _, sp := range procs {
 				sp.start = sp.sample(since())
 			}
-			rep.Processes = append(rep.Processes, SoakProcess{Name: "prove", Runs: "producers, package effect's worker, the fake provider, the in-process broker", Start: selfSample(since())})
+			runs := "producers, package effect's worker, the fake provider"
+			if st.embedded != nil || st.cluster != nil || st.kfake != nil {
+				runs += ", the in-process broker"
+			}
+			rep.Processes = append(rep.Processes, SoakProcess{Name: "prove", Runs: runs, Start: selfSample(since())})
 		}
 	}
 	ticker := time.NewTicker(so.Interval)
