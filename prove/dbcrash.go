@@ -149,31 +149,9 @@ func produceNaiveInTx(ctx context.Context, e *env) error {
 	defer pub.Close()
 	var mu sync.Mutex
 	seq := map[string]int64{}
-	byProducer := make([][]*plannedTx, e.cfg.producers)
-	for _, tx := range e.plan.txs {
-		byProducer[tx.producer] = append(byProducer[tx.producer], tx)
-	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(byProducer))
-	for i := range byProducer {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, ptx := range byProducer[i] {
-				if err := naiveInTx(ctx, e, pub, &mu, seq, ptx); err != nil {
-					errs[i] = err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachProducer(e.plan, e.cfg.producers, func(ptx *plannedTx) error {
+		return naiveInTx(ctx, e, pub, &mu, seq, ptx)
+	})
 }
 
 func naiveInTx(ctx context.Context, e *env, pub broker.Publisher, mu *sync.Mutex, seq map[string]int64, ptx *plannedTx) error {

@@ -50,11 +50,7 @@ func TestDBCrash(t *testing.T) {
 	}
 	t.Logf("db-crash: committed %d, unknown %d (committed %d / absent %d), duplicate publishes %d, deliveries %d",
 		f.Committed, f.Unknown, f.UnknownCommitted, f.UnknownAbsent, f.DuplicatePublishes, f.DuplicateDeliveries)
-	for d := range tempPGDirs(t) {
-		if !before[d] {
-			t.Errorf("throwaway postgres dir %s left behind", d)
-		}
-	}
+	assertNoOrphanDirs(t, before)
 }
 
 // TestDBCrashMariaDB: the same on a MySQL stack, whose scenarios get a
@@ -77,11 +73,7 @@ func TestDBCrashMariaDB(t *testing.T) {
 	if f := r.Figures; f.FaultsInjected != dbCrashes || !strings.Contains(r.Note, "throwaway mariadb") || f.Unknown == 0 || f.Unknown != f.UnknownCommitted+f.UnknownAbsent {
 		t.Errorf("db-crash on mariadb: note %q, figures %+v", r.Note, f)
 	}
-	for d := range tempPGDirs(t) {
-		if !before[d] {
-			t.Errorf("throwaway server dir %s left behind", d)
-		}
-	}
+	assertNoOrphanDirs(t, before)
 }
 
 // TestDBCrashNeedsPostgres: on SQLite the scenarios say why they cannot
@@ -169,6 +161,28 @@ func TestTempPostgresSurvivesKilledOwner(t *testing.T) {
 	p.close()
 	if _, err := os.Stat(mine); !os.IsNotExist(err) {
 		t.Errorf("own dir %s not removed at close: %v", mine, err)
+	}
+}
+
+// assertNoOrphanDirs fails for each throwaway server directory made since
+// before that is still there without a live owner (its lock free): a
+// concurrent run's directories, locked by their owner, are not ours.
+func assertNoOrphanDirs(t *testing.T, before map[string]bool) {
+	t.Helper()
+	for d := range tempPGDirs(t) {
+		if before[d] {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(d, "owner.lock"), os.O_RDWR, 0)
+		if err != nil {
+			continue // no lock file yet: a run starting now
+		}
+		held := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil
+		_ = f.Close()
+		if held {
+			continue // a live run's
+		}
+		t.Errorf("throwaway server dir %s left behind", d)
 	}
 }
 

@@ -277,6 +277,21 @@ func (e *plannedEvent) event() ferry.Event {
 // transaction writes business rows and its events in one local
 // transaction and commits or deliberately rolls back.
 func produce(ctx context.Context, db *database, w *outbox.Writer[*sql.Tx], p *plan, producers int, onTx func()) error {
+	return eachProducer(p, producers, func(tx *plannedTx) error {
+		if err := runTx(ctx, db, w, p, tx); err != nil {
+			return err
+		}
+		if onTx != nil {
+			onTx()
+		}
+		return nil
+	})
+}
+
+// eachProducer runs run for each of the plan's transactions, those of one
+// producer in order on that producer's goroutine; a producer stops at
+// its first error. It returns when every producer has stopped.
+func eachProducer(p *plan, producers int, run func(*plannedTx) error) error {
 	byProducer := make([][]*plannedTx, producers)
 	for _, tx := range p.txs {
 		byProducer[tx.producer] = append(byProducer[tx.producer], tx)
@@ -288,12 +303,9 @@ func produce(ctx context.Context, db *database, w *outbox.Writer[*sql.Tx], p *pl
 		go func() {
 			defer wg.Done()
 			for _, tx := range byProducer[i] {
-				if err := runTx(ctx, db, w, p, tx); err != nil {
+				if err := run(tx); err != nil {
 					errs[i] = err
 					return
-				}
-				if onTx != nil {
-					onTx()
 				}
 			}
 		}()
