@@ -210,11 +210,14 @@ func testBrokerOutageNegativeControl(t *testing.T, s *store) {
 // aggregate in sequence order.
 func TestThreeRelays(t *testing.T) {
 	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testThreeRelays(t, st.new) })
+		t.Run(st.name, func(t *testing.T) { testThreeRelays(t, st.new, 0) })
+		// The same with WithTenantShare(8) (below the ~13 rows per shard
+		// a batch of 200 gives each of ~5 owned shards) and 3 tenants.
+		t.Run(st.name+"_tenant_share", func(t *testing.T) { testThreeRelays(t, st.new, 8) })
 	}
 }
 
-func testThreeRelays(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+func testThreeRelays(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store, share int) {
 	if testing.Short() {
 		t.Skip("10,000 events")
 	}
@@ -233,7 +236,11 @@ func testThreeRelays(t *testing.T, newStore func(testing.TB, int, ...outbox.Opti
 		for i := 0; i < 10000 && ctx.Err() == nil; {
 			var batch []ferry.Event
 			for j := 0; j < 25; j, i = j+1, i+1 {
-				batch = append(batch, ev(fmt.Sprintf("agg-%03d", (i*7)%200), fmt.Sprint(i)))
+				e := ev(fmt.Sprintf("agg-%03d", (i*7)%200), fmt.Sprint(i))
+				if share > 0 {
+					e.TenantID = fmt.Sprintf("tenant-%d", i%3)
+				}
+				batch = append(batch, e)
 			}
 			got, err := w(ctx, batch...)
 			if err != nil {
@@ -253,6 +260,9 @@ func testThreeRelays(t *testing.T, newStore func(testing.TB, int, ...outbox.Opti
 	stops := make([]func() error, 3)
 	for i := range relays {
 		opts := fastOpts(shards, WithInstanceID(fmt.Sprintf("relay-%d", i)), WithBatchSize(200))
+		if share > 0 {
+			opts = append(opts, WithTenantShare(share))
+		}
 		if i == 0 {
 			var calls atomic.Int32
 			opts = append(opts, WithFaults(Faults{BeforePublish: func(context.Context, []ferry.Event) error {
