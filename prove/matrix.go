@@ -270,7 +270,7 @@ func (m *MatrixReport) WriteJSON(w io.Writer) error {
 }
 
 // WriteTable writes the grid: scenario × stack, each cell pass, caught
-// (a control's figures), FAIL with its figures, n/a or error with a note
+// (a control's first violation figure), FAIL with its figures, n/a or error with a note
 // number; the notes follow the table.
 func (m *MatrixReport) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "ferry prove --matrix — seed %d, %d events per scenario, %d stacks, %s\n\n", m.Seed, m.Events, len(m.Stacks), m.Elapsed.Round(time.Second))
@@ -328,7 +328,9 @@ func cellText(control bool, c MatrixCell, note func(string) int) string {
 	case c.Status == StatusError:
 		return fmt.Sprintf("error [%d]", note(c.Reason))
 	case control && c.Status == StatusPass:
-		return "caught " + c.Summary
+		// The first figure keeps the grid narrow; --json has them all.
+		first, _, _ := strings.Cut(c.Summary, " ")
+		return strings.TrimSpace("caught " + first)
 	case control:
 		return fmt.Sprintf("FAIL not caught [%d]", note(c.Reason))
 	case c.Status == StatusPass:
