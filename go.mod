@@ -34,12 +34,14 @@ require (
 	modernc.org/sqlite v1.62.0
 )
 
-require github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
+require (
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
+	gocloud.dev v0.49.0
+)
 
 require (
 	github.com/googleapis/gax-go/v2 v2.27.0 // indirect
 	go.opentelemetry.io/otel/sdk/metric v1.47.0 // indirect
-	gocloud.dev v0.49.0 // indirect
 	golang.org/x/xerrors v0.0.0-20240903120638-7835f813f4da // indirect
 	google.golang.org/api v0.308.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261019180522-ce908d29299b // indirect
