@@ -73,6 +73,13 @@ type partState struct {
 
 	rewindTo  int64 // -1: none; else the lowest nacked offset to refetch from
 	rewindDue time.Time
+	// cursor is the offset the partition's fetches deliver next: the
+	// offset after the last record handed out, or the offset of the last
+	// rewind applied (SetOffsets drops buffered fetches). -1 before the
+	// first delivery. A rewind to an offset at or after it is not needed
+	// (those records come anyway) and must not be applied: it would seek
+	// forward past records an earlier rewind is about to refetch.
+	cursor int64
 }
 
 func (s *partState) commitPoint() int64 {
@@ -148,7 +155,7 @@ func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, assigned map[str
 		for _, p := range ps {
 			c.gen++
 			c.parts[topicPartition{t, p}] = &partState{
-				gen: c.gen, next: -1, committed: -1, rewindTo: -1,
+				gen: c.gen, next: -1, committed: -1, rewindTo: -1, cursor: -1,
 				acked: make(map[int64]bool), attempts: make(map[int64]int),
 			}
 		}
@@ -346,6 +353,7 @@ func (c *Consumer) delivery(r *kgo.Record) *broker.Delivery {
 		s.pending = append(s.pending, r.Offset)
 		s.next = r.Offset + 1
 	}
+	s.cursor = r.Offset + 1
 	s.attempts[r.Offset]++
 	attempt := s.attempts[r.Offset]
 	gen := s.gen
@@ -458,11 +466,20 @@ func (c *Consumer) applyRewinds(now time.Time) {
 		if s.rewindTo < 0 || now.Before(s.rewindDue) {
 			continue
 		}
+		to := s.rewindTo
+		s.rewindTo, s.rewindDue = -1, time.Time{}
+		if s.cursor >= 0 && to >= s.cursor {
+			// An earlier rewind (or the fetch position) is already at or
+			// before it: seeking to it would skip the records in between,
+			// which were nacked or not yet delivered (a nack of a copy
+			// delivered before that rewind, arriving after it).
+			continue
+		}
 		if set[tp.topic] == nil {
 			set[tp.topic] = make(map[int32]kgo.EpochOffset)
 		}
-		set[tp.topic][tp.partition] = kgo.EpochOffset{Epoch: -1, Offset: s.rewindTo}
-		s.rewindTo, s.rewindDue = -1, time.Time{}
+		set[tp.topic][tp.partition] = kgo.EpochOffset{Epoch: -1, Offset: to}
+		s.cursor = to
 	}
 	c.mu.Unlock()
 	if len(set) > 0 {

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
@@ -255,6 +257,73 @@ func TestNackRewindsPartition(t *testing.T) {
 	}
 	waitCommitted(t, c, group, topic, 5)
 	_ = start
+}
+
+// TestLateNackDoesNotSkipEarlierRewind: seq 3 is nacked and its rewind
+// applied; while the refetch from its offset is still on the way, a copy
+// of seq 5 delivered before that rewind is nacked too. Seeking to seq 5's
+// offset then would jump past seq 3 and 4, which nothing would ever
+// deliver again (until a restart): seen in ferry prove's db-crash on kfake,
+// an event stuck unapplied while the consumer re-read the partition. The
+// refetch must deliver seq 3 again. kfake holds every fetch for 800 ms
+// once armed, so the second nack lands inside that window.
+func TestLateNackDoesNotSkipEarlierRewind(t *testing.T) {
+	const topic, group = "t-late-nack", "g-late-nack"
+	c := newCluster(t, 1, topic)
+	publishSeqs(t, c, topic, 6)
+	var slow atomic.Bool
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if slow.Load() {
+			time.Sleep(800 * time.Millisecond)
+		}
+		return nil, nil, false
+	})
+
+	cons := newConsumer(t, c, group, []string{topic})
+	ch, _ := runConsumer(t, cons)
+	held := map[int64]*broker.Delivery{}
+	for range 6 {
+		s := next(t, ch)
+		if s.seq == 3 || s.seq == 5 {
+			held[s.seq] = s.d
+			continue
+		}
+		_ = s.d.Ack(context.Background())
+	}
+	slow.Store(true)
+	if err := held[3].Nack(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	// The rewind to seq 3 is applied within a poll; its refetch then
+	// waits in kfake.
+	time.Sleep(300 * time.Millisecond)
+	if err := held[5].Nack(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(10 * time.Second)
+	var got []int64
+	three := false
+	for {
+		select {
+		case s := <-ch:
+			got = append(got, s.seq)
+			_ = s.d.Ack(context.Background())
+			if s.seq == 3 {
+				three = true
+				if s.attempt != 2 {
+					t.Errorf("seq 3 redelivered with attempt %d, want 2", s.attempt)
+				}
+			}
+			if three && s.seq == 6 {
+				slow.Store(false)
+				waitCommitted(t, c, group, topic, 6)
+				return
+			}
+		case <-deadline:
+			t.Fatalf("seq 3 was never redelivered after its nack (redeliveries seen: %v): a later rewind skipped it", got)
+		}
+	}
 }
 
 // TestUndecodableRecordIsDelivered: a record that is not a CloudEvent
