@@ -168,6 +168,9 @@ func (o *Ops) Status(ctx context.Context, opts ...StatusOption) (Status, error) 
 		// Requests are listed by ListApprovals; status only checks the
 		// table is there.
 		SectionApprovals: func(context.Context, driver.Executor, time.Time, *Status) error { return nil },
+		// Subject keys are the encrypt package's; status only checks the
+		// table is there.
+		SectionEncryption: func(context.Context, driver.Executor, time.Time, *Status) error { return nil },
 	}
 	for _, def := range sections {
 		if def.pgOnly && !o.pg() {
@@ -225,6 +228,9 @@ const (
 	// SectionApprovals: requested operator actions awaiting a human
 	// (ops_approvals); checked for installation only.
 	SectionApprovals = "approvals"
+	// SectionEncryption: the per-subject data keys of payload encryption
+	// (subject_keys, erased by ferry erase); checked for installation only.
+	SectionEncryption = "encryption"
 )
 
 // Section states.
@@ -322,6 +328,8 @@ var sections = []sectionDef{
 	{name: SectionCDC, version: 6, migration: "0006_cdc", tables: []string{"cdc_slot"}, pgOnly: true,
 		reset: func(st *Status, _ Window) { st.CDC = nil }},
 	{name: SectionApprovals, version: 8, migration: "0008_approvals", tables: []string{"ops_approvals"},
+		reset: func(*Status, Window) {}},
+	{name: SectionEncryption, version: 10, migration: "0010_subject_keys", tables: []string{"subject_keys"},
 		reset: func(*Status, Window) {}},
 }
 

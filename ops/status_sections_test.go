@@ -259,7 +259,13 @@ func TestStatusSectionsMatchMigrations(t *testing.T) {
 			name := fmt.Sprintf("%04d_%s", m.Version, m.Name)
 			byMig[name] = []string{}
 			for _, c := range createTableRE.FindAllStringSubmatch(m.SQL, -1) {
-				byMig[name] = append(byMig[name], strings.Trim(c[1], `"`))
+				tbl := strings.Trim(c[1], `"`)
+				// A table rebuilt under a temporary name (SQLite cannot
+				// alter a CHECK constraint) and renamed back is not new.
+				if regexp.MustCompile(`(?i)ALTER TABLE "?` + regexp.QuoteMeta(tbl) + `"? RENAME TO`).MatchString(m.SQL) {
+					continue
+				}
+				byMig[name] = append(byMig[name], tbl)
 			}
 			sort.Strings(byMig[name])
 			if len(byMig[name]) == 0 {
