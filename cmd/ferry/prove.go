@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -107,18 +108,7 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				err = rep.WriteJSON(cmd.OutOrStdout())
-			} else {
-				err = rep.WriteTable(cmd.OutOrStdout())
-			}
-			if err != nil {
-				return err
-			}
-			if rep.Failed() {
-				return exitCodeError{code: 1}
-			}
-			return nil
+			return writeProveReport(cmd, rep, asJSON)
 		},
 	}
 	f := cmd.Flags()
@@ -192,18 +182,7 @@ func runSoakCmd(cmd *cobra.Command, so prove.SoakOptions, asJSON bool, opts []pr
 	if err != nil {
 		return err
 	}
-	if asJSON {
-		err = rep.WriteJSON(cmd.OutOrStdout())
-	} else {
-		err = rep.WriteTable(cmd.OutOrStdout())
-	}
-	if err != nil {
-		return err
-	}
-	if rep.Failed() {
-		return exitCodeError{code: 1}
-	}
-	return nil
+	return writeProveReport(cmd, rep, asJSON)
 }
 
 func runMatrixCmd(cmd *cobra.Command, mo prove.MatrixOptions, asJSON bool, opts []prove.Option) error {
@@ -212,15 +191,28 @@ func runMatrixCmd(cmd *cobra.Command, mo prove.MatrixOptions, asJSON bool, opts 
 	if err != nil {
 		return err
 	}
+	return writeProveReport(cmd, m, asJSON)
+}
+
+// proveReport is what the scenario run, the soak and the matrix print.
+type proveReport interface {
+	WriteJSON(io.Writer) error
+	WriteTable(io.Writer) error
+	Failed() bool
+}
+
+// writeProveReport prints r and turns a failed run into exit code 1.
+func writeProveReport(cmd *cobra.Command, r proveReport, asJSON bool) error {
+	var err error
 	if asJSON {
-		err = m.WriteJSON(cmd.OutOrStdout())
+		err = r.WriteJSON(cmd.OutOrStdout())
 	} else {
-		err = m.WriteTable(cmd.OutOrStdout())
+		err = r.WriteTable(cmd.OutOrStdout())
 	}
 	if err != nil {
 		return err
 	}
-	if m.Failed() {
+	if r.Failed() {
 		return exitCodeError{code: 1}
 	}
 	return nil
