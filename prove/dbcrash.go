@@ -142,16 +142,7 @@ func dbCrashBit(e *env, f *Figures, _ *truth) []string {
 // published. Outcomes are recorded like the outbox producer's; nothing
 // is retried after BEGIN.
 func produceNaiveInTx(ctx context.Context, e *env) error {
-	pub, err := e.newPublisher()
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
-	var mu sync.Mutex
-	seq := map[string]int64{}
-	return eachProducer(e.plan, e.cfg.producers, func(ptx *plannedTx) error {
-		return naiveInTx(ctx, e, pub, &mu, seq, ptx)
-	})
+	return produceNaiveWith(ctx, e, naiveInTx)
 }
 
 func naiveInTx(ctx context.Context, e *env, pub broker.Publisher, mu *sync.Mutex, seq map[string]int64, ptx *plannedTx) error {

@@ -16,6 +16,14 @@ import (
 // the two loses the event; publishing before a commit that then rolls back
 // announces a change that never happened.
 func produceNaive(ctx context.Context, e *env) error {
+	return produceNaiveWith(ctx, e, naiveTx)
+}
+
+// produceNaiveWith runs the plan's transactions through one naive
+// producer shape (publish after commit, or inside the transaction), all
+// producers sharing one publisher and the per-aggregate count.
+func produceNaiveWith(ctx context.Context, e *env,
+	tx func(context.Context, *env, broker.Publisher, *sync.Mutex, map[string]int64, *plannedTx) error) error {
 	pub, err := e.newPublisher()
 	if err != nil {
 		return err
@@ -24,7 +32,7 @@ func produceNaive(ctx context.Context, e *env) error {
 	var mu sync.Mutex
 	seq := map[string]int64{}
 	return eachProducer(e.plan, e.cfg.producers, func(ptx *plannedTx) error {
-		return naiveTx(ctx, e, pub, &mu, seq, ptx)
+		return tx(ctx, e, pub, &mu, seq, ptx)
 	})
 }
 
