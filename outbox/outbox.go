@@ -62,8 +62,7 @@ type config struct {
 	noTrace bool
 	// contracts, when set, validates each payload before anything is written.
 	contracts ContractValidator
-	sealer    PayloadSealer    // WithEncryption
-	offloader PayloadOffloader // WithClaimCheck
+	sealer    PayloadSealer // WithEncryption
 }
 
 // Option configures a Writer.
@@ -262,14 +261,13 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 		traceparent = otelferry.TraceparentFromContext(ctx)
 	}
 	out := make([]ferry.Event, len(events))
-	limits := w.dataLimits()
 	var given map[uuid.UUID]int // caller-supplied ids, to reject duplicates within the call
 	for i := range events {
 		e := events[i]
 		if e.Headers.Traceparent == "" {
 			e.Headers.Traceparent = traceparent
 		}
-		if err := limits.Validate(i, &e); err != nil {
+		if err := w.cfg.limits.Validate(i, &e); err != nil {
 			return nil, err
 		}
 		if w.cfg.contracts != nil {
@@ -298,11 +296,6 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 	}
 	if w.cfg.sealer != nil {
 		if err := w.seal(ctx, exec, out); err != nil {
-			return nil, err
-		}
-	}
-	if w.cfg.offloader != nil {
-		if err := w.offload(ctx, out); err != nil {
 			return nil, err
 		}
 	}
