@@ -176,6 +176,38 @@ func testBrokerOutage(t *testing.T, s *store) {
 	}
 }
 
+// TestBrokerOutageLastAttempt: rows at their last attempt (max-attempts 1,
+// so every row) that fail because the broker is down are held by the
+// breaker like the others, not dead-lettered. Before the fix such rows
+// skipped the "is the broker down?" check and went dead on the outage.
+func TestBrokerOutageLastAttempt(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) { testBrokerOutageLastAttempt(t, st.new(t, 2)) })
+	}
+}
+
+func testBrokerOutageLastAttempt(t *testing.T, s *store) {
+	n := startEmbeddedNATS(t)
+	pub := &countingPublisher{Publisher: n.publisher(t)}
+	r, err := New(s.db, pub, fastOpts(2, WithMaxAttempts(1))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, r)
+	n.emb.Shutdown()
+	want := s.produce(t, 20, 4)
+	waitFor(t, 10*time.Second, "breaker open", func() bool { return r.Status().Breaker == BreakerOpen })
+	time.Sleep(500 * time.Millisecond)
+	if d := s.count(t, "dead"); d != 0 {
+		t.Fatalf("%d rows at their last attempt went dead during the outage", d)
+	}
+	if err := n.emb.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "backlog drained after recovery", func() bool { return s.count(t, "sent") == len(want) })
+	checkBroker(t, n.read(t), want)
+}
+
 // TestBrokerOutageNegativeControl: the same outage without the breaker's
 // "is the broker down?" check charges attempts to every row it retries,
 // and with a small max-attempts the outage sends rows to dead. The breaker

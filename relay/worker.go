@@ -369,8 +369,14 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 			}
 			h.rows++
 			fr.Charge, fr.Delay = 0, h.delay.Seconds()
-		case class == broker.ClassPermanent || c.attempts+1 >= r.cfg.maxAttempts:
+		case class == broker.ClassPermanent:
 			fr.Dead = true
+		case c.attempts+1 >= r.cfg.maxAttempts:
+			// Its last attempt, but failed like the others: counted for
+			// the outage check below, so a broker that is down does not
+			// dead-letter the rows that happen to be at their last try.
+			fr.Dead = true
+			transient++
 		default:
 			fr.Delay = r.backoff(c.attempts + 1).Seconds()
 			transient++
