@@ -17,7 +17,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
@@ -68,14 +67,6 @@ func (p *Publisher) Ping(ctx context.Context) error { return p.inner.Ping(ctx) }
 // Close closes the underlying publisher.
 func (p *Publisher) Close() error { return p.inner.Close() }
 
-// Reader reads one side of a comparison: every message of one stream
-// (NATS stream, Kafka topic, RabbitMQ queue) from since up to what was
-// stored when the read began, in stream order. [NATSReader], [KafkaReader]
-// and [RabbitReader] implement it; [Compare] is the one comparison core.
-type Reader interface {
-	Read(ctx context.Context, since time.Time) ([]Message, error)
-}
-
 // Message is one message read from a stream.
 type Message struct {
 	Seq     uint64            // position in its stream
@@ -120,14 +111,14 @@ func (k Key) String() string {
 func (k Key) Of(m Message) (string, error) {
 	switch k.kind {
 	case "id":
-		for _, h := range []string{"ce-id", "Ce-Id", "ce_id", "cloudEvents:id", "cloudEvents_id", "Nats-Msg-Id"} {
+		for _, h := range []string{"ce-id", "Ce-Id", "ce_id", "Nats-Msg-Id"} {
 			if v := m.Headers[h]; v != "" {
 				return v, nil
 			}
 		}
-		return "", fmt.Errorf("message %d has no ce-id, ce_id, cloudEvents:id or Nats-Msg-Id header (match by --key json:/<pointer> instead)", m.Seq)
+		return "", fmt.Errorf("message %d has no ce-id or Nats-Msg-Id header (match by --key json:/<pointer> instead)", m.Seq)
 	case "header":
-		for _, h := range []string{k.arg, "ce-" + k.arg, "Ce-" + k.arg, "ce_" + k.arg, "cloudEvents:" + k.arg, "cloudEvents_" + k.arg} {
+		for _, h := range []string{k.arg, "ce-" + k.arg, "Ce-" + k.arg, "ce_" + k.arg} {
 			if v := m.Headers[h]; v != "" {
 				return v, nil
 			}
