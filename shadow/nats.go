@@ -75,3 +75,16 @@ func ReadNATS(ctx context.Context, js jetstream.JetStream, stream, subject strin
 		}
 	}
 }
+
+// NATSReader is a [Reader] over one JetStream stream (Subject: an optional
+// filter).
+type NATSReader struct {
+	JS      jetstream.JetStream
+	Stream  string
+	Subject string
+}
+
+// Read implements [Reader].
+func (r NATSReader) Read(ctx context.Context, since time.Time) ([]Message, error) {
+	return ReadNATS(ctx, r.JS, r.Stream, r.Subject, since)
+}

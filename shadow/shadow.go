@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
@@ -67,9 +68,22 @@ func (p *Publisher) Ping(ctx context.Context) error { return p.inner.Ping(ctx) }
 // Close closes the underlying publisher.
 func (p *Publisher) Close() error { return p.inner.Close() }
 
+// Reader reads one side of a comparison: every message of one stream
+// (NATS stream, Kafka topic, RabbitMQ queue) from since up to what was
+// stored when the read began, in stream order. [NATSReader], [KafkaReader]
+// and [RabbitReader] implement it; [Compare] is the one comparison core.
+type Reader interface {
+	Read(ctx context.Context, since time.Time) ([]Message, error)
+}
+
 // Message is one message read from a stream.
 type Message struct {
-	Seq     uint64            // position in its stream
+	Seq uint64 // position in its stream
+	// Scope is the ordering scope: messages of different scopes have no
+	// order between them (Kafka: the record key, or the partition of a
+	// record without one). Empty for a stream with one total order (NATS,
+	// RabbitMQ).
+	Scope   string
 	Headers map[string]string // first value of each header
 	Body    []byte
 }
@@ -111,14 +125,14 @@ func (k Key) String() string {
 func (k Key) Of(m Message) (string, error) {
 	switch k.kind {
 	case "id":
-		for _, h := range []string{"ce-id", "Ce-Id", "ce_id", "Nats-Msg-Id"} {
+		for _, h := range []string{"ce-id", "Ce-Id", "ce_id", "cloudEvents:id", "cloudEvents_id", "Nats-Msg-Id"} {
 			if v := m.Headers[h]; v != "" {
 				return v, nil
 			}
 		}
-		return "", fmt.Errorf("message %d has no ce-id or Nats-Msg-Id header (match by --key json:/<pointer> instead)", m.Seq)
+		return "", fmt.Errorf("message %d has no ce-id, ce_id, cloudEvents:id or Nats-Msg-Id header (match by --key json:/<pointer> instead)", m.Seq)
 	case "header":
-		for _, h := range []string{k.arg, "ce-" + k.arg, "Ce-" + k.arg, "ce_" + k.arg} {
+		for _, h := range []string{k.arg, "ce-" + k.arg, "Ce-" + k.arg, "ce_" + k.arg, "cloudEvents:" + k.arg, "cloudEvents_" + k.arg} {
 			if v := m.Headers[h]; v != "" {
 				return v, nil
 			}
@@ -188,7 +202,10 @@ func (r *Report) Clean() bool {
 // JSON (key order and spacing ignored) when both parse, else byte for byte.
 // Reordered counts the fewest common keys that must move to make the
 // production order match the shadow's (keys not on a longest common
-// ordered subsequence).
+// ordered subsequence), within each ordering scope of the shadow side
+// ([Message.Scope]: Ferry's order guarantee is per aggregate, so two
+// events the shadow holds under different Kafka keys are never counted as
+// reordered).
 func Compare(prod, shadow []Message, key Key) *Report {
 	r := &Report{Key: key.String(), Production: len(prod), Shadow: len(shadow)}
 	index := func(ms []Message, which string) ([]string, map[string]Message) {
@@ -219,6 +236,8 @@ func Compare(prod, shadow []Message, key Key) *Report {
 		}
 	}
 	var common []string
+	scopes := map[string][]string{} // shadow scope -> common keys in production order
+	var scopeOrder []string
 	for _, k := range pOrder {
 		sm, ok := sBy[k]
 		if !ok {
@@ -226,11 +245,25 @@ func Compare(prod, shadow []Message, key Key) *Report {
 			continue
 		}
 		common = append(common, k)
+		if _, seen := scopes[sm.Scope]; !seen {
+			scopeOrder = append(scopeOrder, sm.Scope)
+		}
+		scopes[sm.Scope] = append(scopes[sm.Scope], k)
 		if !sameBody(pBy[k].Body, sm.Body) {
 			r.Differing = append(r.Differing, k)
 		}
 	}
-	r.Reordered = outOfOrder(common, sPos)
+	moved := map[string]bool{}
+	for _, sc := range scopeOrder {
+		for _, k := range outOfOrder(scopes[sc], sPos) {
+			moved[k] = true
+		}
+	}
+	for _, k := range common {
+		if moved[k] {
+			r.Reordered = append(r.Reordered, k)
+		}
+	}
 	return r
 }
 

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
@@ -26,8 +26,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.Announce("shadow", testenv.NATS)
-	os.Exit(m.Run())
+	testenv.Announce("shadow", testenv.NATS, testenv.RabbitMQ)
+	goleak.VerifyTestMain(m, testenv.KnownLibraryLeaks()...)
 }
 
 func msg(seq uint64, id, body string) shadow.Message {
@@ -208,4 +208,27 @@ func waitSent(t *testing.T, ctx context.Context, db *sql.DB, n int) {
 		}
 	}
 	t.Fatalf("the relay did not mark %d rows sent in time", n)
+}
+
+// TestCompareScopes: a pair stored in the other order counts as reordered
+// when both are in one ordering scope, never across scopes (Kafka keys);
+// the control without scopes counts it.
+func TestCompareScopes(t *testing.T) {
+	scoped := func(seq uint64, id, scope string) shadow.Message {
+		m := msg(seq, id, `{}`)
+		m.Scope = scope
+		return m
+	}
+	k, _ := shadow.ParseKey("id")
+	sh := []shadow.Message{scoped(1, "a", "k1"), scoped(2, "b", "k2"), scoped(3, "c", "k1"), scoped(4, "d", "k1")}
+	prod := []shadow.Message{scoped(1, "b", "k2"), scoped(2, "a", "k1"), scoped(3, "d", "k1"), scoped(4, "c", "k1")}
+	if r := shadow.Compare(prod, sh, k); !reflect.DeepEqual(r.Reordered, []string{"d"}) {
+		t.Errorf("scoped: reordered %v, want [d] (a/b are different keys)", r.Reordered)
+	}
+	for i := range sh {
+		sh[i].Scope, prod[i].Scope = "", ""
+	}
+	if r := shadow.Compare(prod, sh, k); len(r.Reordered) != 2 {
+		t.Errorf("one scope: reordered %v, want 2 (b and d)", r.Reordered)
+	}
 }
