@@ -71,9 +71,9 @@ func (o *Ops) Effect(ctx context.Context, id int64) (EffectIntent, error) {
 // RevealedPayload.EventID is the parked message's event id (may be empty
 // for an undecodable message).
 func (o *Ops) RevealParkedPayload(ctx context.Context, id int64, a Approval) (RevealedPayload, error) {
-	return o.reveal(ctx, "parked.reveal_payload", id, a, func(tx driver.Tx, out *RevealedPayload) (bool, error) {
-		return driver.QueryRow(ctx, tx, fmt.Sprintf(`SELECT %s, content_type, payload FROM %s WHERE id = $1`,
-			"COALESCE("+o.uuidText("event_id")+", '')", o.t("inbox_parked")), []any{id}, &out.EventID, &out.ContentType, &out.Payload)
+	return o.reveal(ctx, "parked.reveal_payload", rowKey(id), a, func(tx driver.Tx, out *RevealedPayload, maskKey *string) (bool, error) {
+		return driver.QueryRow(ctx, tx, fmt.Sprintf(`SELECT %s, event_type, content_type, payload FROM %s WHERE id = $1`,
+			"COALESCE("+o.uuidText("event_id")+", '')", o.t("inbox_parked")), []any{id}, &out.EventID, maskKey, &out.ContentType, &out.Payload)
 	})
 }
 
@@ -85,15 +85,38 @@ func (o *Ops) RevealEffectRequest(ctx context.Context, id int64, a Approval) (Re
 	if err := o.requireEffects(ctx); err != nil {
 		return RevealedPayload{}, err
 	}
-	return o.reveal(ctx, "effects.reveal_request", id, a, func(tx driver.Tx, out *RevealedPayload) (bool, error) {
-		return driver.QueryRow(ctx, tx, fmt.Sprintf(`SELECT %s, request FROM %s WHERE id = $1`, o.uuidText("event_id"), o.t("effects")),
-			[]any{id}, &out.EventID, &out.Payload)
+	return o.reveal(ctx, "effects.reveal_request", rowKey(id), a, func(tx driver.Tx, out *RevealedPayload, maskKey *string) (bool, error) {
+		var target, operation string
+		found, err := driver.QueryRow(ctx, tx, fmt.Sprintf(`SELECT %s, target, operation, request FROM %s WHERE id = $1`, o.uuidText("event_id"), o.t("effects")),
+			[]any{id}, &out.EventID, &target, &operation, &out.Payload)
+		*maskKey = "effect:" + target + "/" + operation
+		return found, err
 	})
 }
 
-func (o *Ops) reveal(ctx context.Context, action string, id int64, a Approval, read func(driver.Tx, *RevealedPayload) (bool, error)) (RevealedPayload, error) {
+// revealKey names the row a reveal reads: its audit filter and id, and
+// how a not-found error describes it.
+type revealKey struct {
+	filter any
+	id     string
+	what   string
+	err    error // the key is invalid
+}
+
+func rowKey(id int64) revealKey {
+	k := revealKey{filter: map[string]int64{"id": id}, id: strconv.FormatInt(id, 10), what: "row " + strconv.FormatInt(id, 10)}
 	if id <= 0 {
-		return RevealedPayload{}, &ArgError{Field: "id", Reason: "a row id > 0"}
+		k.err = &ArgError{Field: "id", Reason: "a row id > 0"}
+	}
+	return k
+}
+
+// reveal is the one path every payload reveal takes: approval checks, the
+// read and its audit row in one transaction, then the field mask (keyed by
+// the mask key read sets; see MaskPolicy) before anything is returned.
+func (o *Ops) reveal(ctx context.Context, action string, key revealKey, a Approval, read func(tx driver.Tx, out *RevealedPayload, maskKey *string) (bool, error)) (RevealedPayload, error) {
+	if key.err != nil {
+		return RevealedPayload{}, key.err
 	}
 	if !a.Approve {
 		return RevealedPayload{}, &ArgError{Field: "approve", Reason: "revealing a payload is an approved action: set approve with a reason"}
@@ -102,20 +125,21 @@ func (o *Ops) reveal(ctx context.Context, action string, id int64, a Approval, r
 		return RevealedPayload{}, err
 	}
 	var out RevealedPayload
+	var maskKey string
 	err := o.inTx(ctx, func(tx driver.Tx) error {
-		found, err := read(tx, &out)
+		found, err := read(tx, &out, &maskKey)
 		if err != nil {
 			return fmt.Errorf("ops: %s: %w", action, err)
 		}
 		if !found {
-			return fmt.Errorf("%w: %s: row %d", ErrNotFound, action, id)
+			return fmt.Errorf("%w: %s: %s", ErrNotFound, action, key.what)
 		}
-		ids := []string{strconv.FormatInt(id, 10)}
-		out.AuditID, err = o.writeAudit(ctx, tx, action, a, map[string]int64{"id": id}, ids, 1)
+		out.AuditID, err = o.writeAudit(ctx, tx, action, a, key.filter, []string{key.id}, 1)
 		return err
 	})
 	if err != nil {
 		return RevealedPayload{}, err
 	}
+	o.applyMask(maskKey, &out)
 	return out, nil
 }

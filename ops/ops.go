@@ -111,6 +111,7 @@ type config struct {
 	now    func() time.Time
 	log    *slog.Logger
 	window Window // minimums from options; the effective window is max(settings, these)
+	mask   *MaskPolicy
 }
 
 // Option configures Ops.

@@ -314,48 +314,38 @@ func (o *Ops) AuditPage(ctx context.Context, f AuditFilter) (Page[AuditEntry], e
 	return p, nil
 }
 
-// RevealedPayload is the payload of one outbox row, read by an approved,
-// audited request.
+// RevealedPayload is the payload of one outbox row, parked message or
+// effect intent, read by an approved, audited request and passed through
+// the field mask (WithMask): Masked and MaskedValues say what the mask
+// replaced with MaskMarker; Withheld says the mask names fields for this
+// payload but it is not JSON, so Payload is nil (fail closed).
 type RevealedPayload struct {
-	EventID     string `json:"event_id"`
-	ContentType string `json:"content_type"`
-	Payload     []byte `json:"payload"`
-	AuditID     int64  `json:"audit_id"`
+	EventID        string   `json:"event_id"`
+	ContentType    string   `json:"content_type"`
+	Payload        []byte   `json:"payload"`
+	AuditID        int64    `json:"audit_id"`
+	Masked         []string `json:"masked,omitempty"`
+	MaskedValues   int      `json:"masked_values,omitempty"`
+	Withheld       bool     `json:"withheld,omitempty"`
+	WithheldReason string   `json:"withheld_reason,omitempty"`
 }
 
 // RevealPayload reads the payload of one outbox event. Payloads may hold
 // personal data, so this is an operator action like the others: it needs
 // an approval with actor and reason (a dry run reveals nothing and returns
 // ErrReasonRequired's sibling check), and it writes an audit row
-// "outbox.reveal_payload" in the same transaction as the read.
+// "outbox.reveal_payload" in the same transaction as the read. The field
+// mask (WithMask) applies, keyed by the event type.
 func (o *Ops) RevealPayload(ctx context.Context, eventID string, a Approval) (RevealedPayload, error) {
 	u, err := uuid.Parse(eventID)
 	if err != nil {
 		return RevealedPayload{}, &ArgError{Field: "event_id", Reason: "not a UUID"}
 	}
-	if !a.Approve {
-		return RevealedPayload{}, &ArgError{Field: "approve", Reason: "revealing a payload is an approved action: set approve with a reason"}
-	}
-	if err := a.check(); err != nil {
-		return RevealedPayload{}, err
-	}
-	var out RevealedPayload
-	err = o.inTx(ctx, func(tx driver.Tx) error {
-		found, err := driver.QueryRow(ctx, tx, fmt.Sprintf(`SELECT %s, content_type, payload FROM %s WHERE event_id = $1`, o.uuidText("event_id"), o.t("outbox")),
-			[]any{u.String()}, &out.EventID, &out.ContentType, &out.Payload)
-		if err != nil {
-			return fmt.Errorf("ops: read payload: %w", err)
-		}
-		if !found {
-			return fmt.Errorf("%w: outbox event %s", ErrNotFound, u)
-		}
-		out.AuditID, err = o.writeAudit(ctx, tx, "outbox.reveal_payload", a, map[string]string{"event_id": u.String()}, []string{u.String()}, 1)
-		return err
+	key := revealKey{filter: map[string]string{"event_id": u.String()}, id: u.String(), what: "outbox event " + u.String()}
+	return o.reveal(ctx, "outbox.reveal_payload", key, a, func(tx driver.Tx, out *RevealedPayload, maskKey *string) (bool, error) {
+		return driver.QueryRow(ctx, tx, fmt.Sprintf(`SELECT %s, event_type, content_type, payload FROM %s WHERE event_id = $1`, o.uuidText("event_id"), o.t("outbox")),
+			[]any{u.String()}, &out.EventID, maskKey, &out.ContentType, &out.Payload)
 	})
-	if err != nil {
-		return RevealedPayload{}, err
-	}
-	return out, nil
 }
 
 // recordingDB captures the statement a query would run without running it.
