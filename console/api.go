@@ -146,13 +146,19 @@ type RevealRequest struct {
 }
 
 // RevealResponse is a revealed payload: as text when it is UTF-8, always
-// as base64.
+// as base64, after the field mask (ferry console --mask): Masked names the
+// mask paths that replaced values with "***"; Withheld means the mask
+// names fields for this payload but it is not JSON, so no payload is sent.
 type RevealResponse struct {
-	EventID       string `json:"event_id"`
-	ContentType   string `json:"content_type"`
-	PayloadText   string `json:"payload_text,omitempty"`
-	PayloadBase64 []byte `json:"payload_base64"`
-	AuditID       int64  `json:"audit_id"`
+	EventID        string   `json:"event_id"`
+	ContentType    string   `json:"content_type"`
+	PayloadText    string   `json:"payload_text,omitempty"`
+	PayloadBase64  []byte   `json:"payload_base64"`
+	AuditID        int64    `json:"audit_id"`
+	Masked         []string `json:"masked,omitempty"`
+	MaskedValues   int      `json:"masked_values,omitempty"`
+	Withheld       bool     `json:"withheld,omitempty"`
+	WithheldReason string   `json:"withheld_reason,omitempty"`
 }
 
 // CleanupRequest previews a cleanup (ferry cleanup without --approve).
@@ -300,7 +306,8 @@ func (s *Server) reveal(w http.ResponseWriter, r *http.Request) {
 }
 
 func writeRevealed(w http.ResponseWriter, p ops.RevealedPayload) {
-	resp := RevealResponse{EventID: p.EventID, ContentType: p.ContentType, PayloadBase64: p.Payload, AuditID: p.AuditID}
+	resp := RevealResponse{EventID: p.EventID, ContentType: p.ContentType, PayloadBase64: p.Payload, AuditID: p.AuditID,
+		Masked: p.Masked, MaskedValues: p.MaskedValues, Withheld: p.Withheld, WithheldReason: p.WithheldReason}
 	if utf8.Valid(p.Payload) {
 		resp.PayloadText = string(p.Payload)
 	}

@@ -264,7 +264,12 @@ function payloadPanel(what, bytes, revealPath) {
     pay.append(el("label", {}, "Reason ", reason), " ", el("button", { type: "button", id: "reveal-btn", onclick: async () => {
       try {
         const r = await api(revealPath, { method: "POST", body: { reason: reason.value } });
+        if (r.withheld) {
+          pay.append(el("p", { class: "note", id: "payload-withheld" }, "Withheld by the field mask, audit #" + r.audit_id + ": " + r.withheld_reason));
+          return;
+        }
         pay.append(el("p", { class: "note" }, "Revealed (" + (r.content_type || "no content type") + "), audit #" + r.audit_id + ":"), el("pre", { id: "payload-text" }, r.payload_text || "(binary; base64) " + r.payload_base64));
+        if (r.masked) pay.append(el("p", { class: "note", id: "payload-masked" }, "Masked (" + r.masked_values + " values shown as ***): " + r.masked.join(", ")));
       } catch (e) { pay.append(errorBox(e)); }
     } }, "Reveal " + what.toLowerCase()));
   }
