@@ -27,9 +27,16 @@ type refInbox struct {
 	durable     string // broker subscription; "prove" unless replaying
 
 	// Broken variants (negative controls).
-	nonAtomic    bool // claim commits in one transaction, the effect in another
-	inlineEffect bool // calls the provider inside the handler, no ledger
+	nonAtomic       bool // claim commits in one transaction, the effect in another
+	inlineEffect    bool // calls the provider inside the handler, no ledger
+	ackBeforeCommit bool // acks on receipt, before the claim + effect transaction commits
 }
+
+// ackBeforeCommitWork is the rest of the ack-before-commit control's
+// transaction (control-inbox-ack-before-commit-db-crash): the work between
+// its early ack and its COMMIT, in which a database crash leaves a message
+// the broker will not redeliver and the database never recorded.
+const ackBeforeCommitWork = 10 * time.Millisecond
 
 var errPoison = errors.New("prove: handler rejected the payload")
 
@@ -96,6 +103,18 @@ func (c *refInbox) handle(ctx context.Context, d *broker.Delivery) error {
 	}
 	if c.nonAtomic {
 		return c.handleNonAtomic(ctx, d)
+	}
+	if c.ackBeforeCommit {
+		// The broken consumer: the broker is told the message is done on
+		// receipt (auto-ack), before the transaction below commits. Later
+		// acks and nacks of this delivery are no-ops: it is settled.
+		if err := d.Ack(ctx); err != nil {
+			return fmt.Errorf("inbox: early ack: %w", err)
+		}
+		early := *d
+		early.Ack = func(context.Context) error { return nil }
+		early.Nack = func(context.Context, time.Duration) error { return nil }
+		d = &early
 	}
 	tx, err := c.env.db.drv.Begin(ctx)
 	if err != nil {
@@ -174,6 +193,9 @@ func (c *refInbox) handle(ctx context.Context, d *broker.Delivery) error {
 		if c.env.fire(faultEffectCrash, id) {
 			return errCrash // provider charged; local commit never happens
 		}
+	}
+	if c.ackBeforeCommit {
+		sleepCtx(ctx, ackBeforeCommitWork)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("inbox: commit: %w", err)

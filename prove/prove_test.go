@@ -28,14 +28,15 @@ func small(extra ...Option) []Option {
 
 // controlFigure names the figure each negative control must drive above zero.
 var controlFigure = map[string]func(Figures) int{
-	"control-naive-dual-write":           func(f Figures) int { return min(f.Lost, f.Phantom) },
-	"control-mark-before-ack":            func(f Figures) int { return f.Lost },
-	"control-non-atomic-inbox":           func(f Figures) int { return f.Lost },
-	"control-premature-cleanup":          func(f Figures) int { return f.DuplicateApplies },
-	"control-inline-effect":              func(f Figures) int { return f.DuplicateEffects },
-	"control-cdc-start-from-current-wal": func(f Figures) int { return f.Lost },
-	"control-cdc-confirm-before-mark":    func(f Figures) int { return f.StateMismatch },
-	"control-dual-write-db-crash":        func(f Figures) int { return f.Phantom },
+	"control-naive-dual-write":                 func(f Figures) int { return min(f.Lost, f.Phantom) },
+	"control-mark-before-ack":                  func(f Figures) int { return f.Lost },
+	"control-non-atomic-inbox":                 func(f Figures) int { return f.Lost },
+	"control-premature-cleanup":                func(f Figures) int { return f.DuplicateApplies },
+	"control-inline-effect":                    func(f Figures) int { return f.DuplicateEffects },
+	"control-cdc-start-from-current-wal":       func(f Figures) int { return f.Lost },
+	"control-cdc-confirm-before-mark":          func(f Figures) int { return f.StateMismatch },
+	"control-dual-write-db-crash":              func(f Figures) int { return f.Phantom },
+	"control-inbox-ack-before-commit-db-crash": func(f Figures) int { return f.Lost },
 }
 
 func assertMatrix(t *testing.T, rep *Report, allowUnavailable map[string]bool) {
@@ -84,7 +85,7 @@ func TestEmbeddedMatrix(t *testing.T) {
 		t.Fatalf("%d results for %d scenarios", len(rep.Results), len(allScenarios()))
 	}
 	assertMatrix(t, rep, map[string]bool{"cdc-restart": true, "control-cdc-start-from-current-wal": true, "control-cdc-confirm-before-mark": true, "database-outage": true,
-		"db-crash": true, "control-dual-write-db-crash": true})
+		"db-crash": true, "control-dual-write-db-crash": true, "control-inbox-ack-before-commit-db-crash": true})
 	// The polling relay's broken build marks rows sent before the broker
 	// has them: the table disagrees with the broker (state_mismatch).
 	if r, _ := rep.Result("control-mark-before-ack"); r.Figures.StateMismatch == 0 {

@@ -27,6 +27,7 @@ type scenario struct {
 	pauseRelay    bool // one relay stalls past its lease once
 	markBeforeAck bool
 	nonAtomic     bool
+	ackEarly      bool // the reference inbox acks on receipt, before its transaction commits
 	inlineEffect  bool
 	naive         bool
 
@@ -217,6 +218,9 @@ func allScenarios() []*scenario {
 			plan: planOptions{}, cdc: true, cdcConfirmEarly: true, throttle: 100 * time.Millisecond, notAvailable: needsPostgresAndWorker},
 		{name: "control-dual-write-db-crash", control: true, desc: "a producer publishes straight to the broker inside its transaction, before COMMIT, and the database crashes: announced changes that never committed",
 			plan: planOptions{abandonOnError: true}, naive: true, dbCrash: true, throttle: 20 * time.Millisecond, notAvailable: needsTempServer},
+		{name: "control-inbox-ack-before-commit-db-crash", control: true, desc: "the database crash of db-crash under a consumer that acks each message on receipt, before its claim + effect transaction commits: messages the broker will not redeliver and the database never applied",
+			plan: planOptions{rollbackRate: 0.05, abandonOnError: true, txWork: 15 * time.Millisecond}, relays: oneRelay, dbCrash: true, ackEarly: true, throttle: 5 * time.Millisecond,
+			notAvailable: needsTempServer},
 		{name: "control-inline-effect", control: true, desc: "external call inside the handler without the ledger; crash after provider success",
 			plan: planOptions{faultRates: map[int]float64{faultEffectCrash: 0.2}}, relays: oneRelay, inlineEffect: true},
 	}
@@ -332,9 +336,10 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	e := &env{cfg: cfg, sc: sc, st: st, db: db, w: w, plan: p, log: cfg.logger,
 		reg: prometheus.NewRegistry(), rec: newRecorder(), provider: newFakeProvider(), prog: prog, tr: tr}
 	e.metrics = newMetrics(e.reg)
-	// The non-atomic control needs a broken inbox; package inbox has no
-	// public switch for that, so it runs on prove's reference inbox.
-	e.realInbox = !cfg.referenceInbox && !sc.nonAtomic
+	// The non-atomic and ack-before-commit controls need a broken inbox;
+	// package inbox has no public switch for that, so they run on prove's
+	// reference inbox.
+	e.realInbox = !cfg.referenceInbox && !sc.nonAtomic && !sc.ackEarly
 	if sc.leakage {
 		e.logs = &syncBuffer{}
 		e.log = slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -436,7 +441,7 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	} else if !sc.sigkillEffects {
 		close(killsDone) // effect-worker-sigkill: closed by startEffectSigkill
 	}
-	inbox := &refInbox{env: e, maxAttempts: 3, nonAtomic: sc.nonAtomic, inlineEffect: sc.inlineEffect || cfg.broken == "no-ledger"}
+	inbox := &refInbox{env: e, maxAttempts: 3, nonAtomic: sc.nonAtomic, ackBeforeCommit: sc.ackEarly, inlineEffect: sc.inlineEffect || cfg.broken == "no-ledger"}
 	startConsumer := func() {
 		if e.realInbox {
 			supervise(runCtx, &wg, e.log, "inbox", func(ctx context.Context) error {
