@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
@@ -308,5 +309,58 @@ func readyCount(t *testing.T, ctx context.Context, url, queue string, want int) 
 		if q.Messages == want || time.Now().After(deadline) || ctx.Err() != nil {
 			return q.Messages
 		}
+	}
+}
+
+// TestKafkaReaderTransactions: a topic written by a transactional producer
+// (the old publisher may be one) ends in a commit marker, which occupies
+// an offset but is no record: the read reaches its bound anyway and
+// returns the committed records only, none of an aborted transaction.
+func TestKafkaReaderTransactions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "tx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("old-publisher"), kgo.DefaultProduceTopic("tx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var want []string
+	for _, txn := range []struct {
+		n      int
+		commit bool
+	}{{3, true}, {2, false}, {2, true}} {
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for range txn.n {
+			id := uuid.NewString()
+			if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte(`{}`), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+			if txn.commit {
+				want = append(want, id)
+			}
+		}
+		if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(txn.commit)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer rcancel()
+	got, err := shadow.KafkaReader{Seeds: c.ListenAddrs(), Topic: "tx"}.Read(rctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range got {
+		ids = append(ids, m.Headers["ce_id"])
+	}
+	if !reflect.DeepEqual(ids, want) {
+		t.Errorf("read %v, want the committed %v", ids, want)
 	}
 }
