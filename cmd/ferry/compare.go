@@ -111,11 +111,14 @@ func runCompare(cmd *cobra.Command, f *compareFlags) error {
 	if f.timeout <= 0 {
 		return fmt.Errorf("--timeout %s: want a positive duration", f.timeout)
 	}
+	// An explicit --nats-url beats FERRY_BROKER_URL (applyEnv does not
+	// mark a flag it sets from the environment as changed).
 	u := f.brokerURL
-	if u == "" {
-		u = f.natsURL
-	} else if cmd.Flags().Changed("nats-url") {
+	switch fl := cmd.Flags(); {
+	case fl.Changed("nats-url") && fl.Changed("broker-url"):
 		return errors.New("--nats-url and --broker-url both set: give one (--broker-url nats://… is the same)")
+	case fl.Changed("nats-url") || u == "":
+		u = f.natsURL
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
 	defer cancel()

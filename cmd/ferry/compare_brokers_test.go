@@ -228,4 +228,12 @@ func TestCompareFlags(t *testing.T) {
 			t.Errorf("%v: error shows the password: %v", c.args, err)
 		}
 	}
+	// FERRY_BROKER_URL chooses the broker; an explicit --nats-url beats it.
+	t.Setenv("FERRY_BROKER_URL", "kafka://127.0.0.1:1")
+	if _, err := runFerry(t, "compare", "--production-stream", "A"); err == nil || !strings.Contains(err.Error(), "--production-stream is not for a kafka://") {
+		t.Errorf("FERRY_BROKER_URL=kafka://…: %v", err)
+	}
+	if _, err := runFerry(t, "compare", "--nats-url", "nats://127.0.0.1:1", "--production-stream", "A"); err == nil || !strings.Contains(err.Error(), "--shadow-stream is required with a nats://") {
+		t.Errorf("--nats-url with FERRY_BROKER_URL set: %v", err)
+	}
 }
