@@ -20,6 +20,7 @@ import (
 
 func newConsoleCmd() *cobra.Command {
 	var f storeFlags
+	var mask maskFlag
 	var listen, tokensFile, userHeader, roleHeader, agentHeader, defaultRole string
 	var trusted []string
 	var readOnly bool
@@ -55,13 +56,17 @@ any other address without authentication is refused. See docs/CONSOLE.md.`,
 			if err := console.CheckListen(listen, configured); err != nil {
 				return err
 			}
+			masks, err := mask.options()
+			if err != nil {
+				return err
+			}
 			s, err := f.open(cmd.Context(), cmd)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
 			logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo}))
-			o, err := ops.New(s, ops.WithTables(f.tables()), ops.WithLogger(logger))
+			o, err := ops.New(s, append(masks, ops.WithTables(f.tables()), ops.WithLogger(logger))...)
 			if err != nil {
 				return err
 			}
@@ -74,6 +79,7 @@ any other address without authentication is refused. See docs/CONSOLE.md.`,
 		},
 	}
 	f.register(cmd)
+	mask.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on; a non-loopback address requires --tokens-file or a trusted proxy")
 	fl.StringVar(&tokensFile, "tokens-file", "", "YAML tokens file: name, role (viewer|operator), agent, sha256 of the bearer token")

@@ -20,6 +20,7 @@ import (
 
 func newMCPCmd() *cobra.Command {
 	var f storeFlags
+	var mask maskFlag
 	var listen, tokensFile, policyFile string
 	cmd := &cobra.Command{
 		Use:   "mcp",
@@ -75,9 +76,13 @@ human. --policy-file auto-approves named low-risk actions within limits.`,
 				return err
 			}
 			defer s.Close()
+			masks, err := mask.options()
+			if err != nil {
+				return err
+			}
 			// stdout carries the protocol on stdio: logs go to stderr.
 			logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-			o, err := ops.New(s, ops.WithTables(f.tables()), ops.WithLogger(logger))
+			o, err := ops.New(s, append(masks, ops.WithTables(f.tables()), ops.WithLogger(logger))...)
 			if err != nil {
 				return err
 			}
@@ -127,6 +132,7 @@ human. --policy-file auto-approves named low-risk actions within limits.`,
 		},
 	}
 	f.register(cmd)
+	mask.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&listen, "listen", "", `serve streamable HTTP at http://ADDR/mcp (e.g. 127.0.0.1:8090) instead of stdio; a non-loopback address requires --tokens-file`)
 	fl.StringVar(&tokensFile, "tokens-file", "", "YAML tokens file (the console's): name, role (viewer|operator), agent, sha256 of the bearer token")

@@ -27,19 +27,27 @@ import (
 type opsFlags struct {
 	store storeFlags
 	json  bool
+	mask  maskFlag
 }
 
 func (f *opsFlags) register(cmd *cobra.Command) {
 	f.store.register(cmd)
 	cmd.Flags().BoolVar(&f.json, "json", false, "print JSON instead of a table")
+	f.mask.register(cmd)
 }
 
 // open connects and returns Ops; the caller closes the store.
 func (f *opsFlags) open(cmd *cobra.Command, opts ...ops.Option) (*store, *ops.Ops, error) {
-	s, err := f.store.open(cmd.Context(), cmd)
+	s, err := f.store.open(cmd.Context(), cmd) // applies FERRY_* env to the flags
 	if err != nil {
 		return nil, nil, err
 	}
+	masks, err := f.mask.options()
+	if err != nil {
+		s.Close()
+		return nil, nil, err
+	}
+	opts = append(masks, opts...)
 	// The command prints its own report; the logger only carries warnings.
 	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	o, err := ops.New(s, append([]ops.Option{ops.WithTables(f.store.tables()), ops.WithLogger(logger)}, opts...)...)
