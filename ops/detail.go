@@ -97,23 +97,24 @@ func (o *Ops) RevealEffectRequest(ctx context.Context, id int64, a Approval) (Re
 // revealKey names the row a reveal reads: its audit filter and id, and
 // how a not-found error describes it.
 type revealKey struct {
-	filter any
+	filter map[string]any
 	id     string
 	what   string
 	err    error // the key is invalid
 }
 
 func rowKey(id int64) revealKey {
-	k := revealKey{filter: map[string]int64{"id": id}, id: strconv.FormatInt(id, 10), what: "row " + strconv.FormatInt(id, 10)}
+	k := revealKey{filter: map[string]any{"id": id}, id: strconv.FormatInt(id, 10), what: "row " + strconv.FormatInt(id, 10)}
 	if id <= 0 {
 		k.err = &ArgError{Field: "id", Reason: "a row id > 0"}
 	}
 	return k
 }
 
-// reveal is the one path every payload reveal takes: approval checks, the
-// read and its audit row in one transaction, then the field mask (keyed by
-// the mask key read sets; see MaskPolicy) before anything is returned.
+// reveal is the one path every payload reveal takes: approval checks, then
+// in one transaction the read, the field mask (keyed by the mask key read
+// sets; see MaskPolicy) and the audit row, which records the mask's count
+// (and withheld) when a mask is set. Nothing leaves unmasked.
 func (o *Ops) reveal(ctx context.Context, action string, key revealKey, a Approval, read func(tx driver.Tx, out *RevealedPayload, maskKey *string) (bool, error)) (RevealedPayload, error) {
 	if key.err != nil {
 		return RevealedPayload{}, key.err
@@ -134,12 +135,20 @@ func (o *Ops) reveal(ctx context.Context, action string, key revealKey, a Approv
 		if !found {
 			return fmt.Errorf("%w: %s: %s", ErrNotFound, action, key.what)
 		}
+		// Mask before the audit row, which records what the mask did: the
+		// row says what the operator saw, not only that a reveal happened.
+		o.applyMask(maskKey, &out)
+		if o.cfg.mask != nil {
+			key.filter["masked_values"] = out.MaskedValues
+			if out.Withheld {
+				key.filter["withheld"] = true
+			}
+		}
 		out.AuditID, err = o.writeAudit(ctx, tx, action, a, key.filter, []string{key.id}, 1)
 		return err
 	})
 	if err != nil {
 		return RevealedPayload{}, err
 	}
-	o.applyMask(maskKey, &out)
 	return out, nil
 }

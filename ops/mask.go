@@ -247,14 +247,21 @@ type MaskResult struct {
 }
 
 // Apply masks payload, a payload of eventType (see MaskPolicy for the
-// keys). A nil policy returns the payload unchanged.
-func (p *MaskPolicy) Apply(eventType string, payload []byte) MaskResult {
+// keys) with contentType ("" when unknown, as for an effect request). A
+// nil policy returns the payload unchanged. When paths apply, a content
+// type other than application/json or a +json type (protobuf, avro, an
+// encrypted envelope) withholds the payload, as does a body that is not
+// JSON whatever its type says.
+func (p *MaskPolicy) Apply(eventType, contentType string, payload []byte) MaskResult {
 	paths := p.pathsFor(eventType)
 	if len(paths) == 0 {
 		return MaskResult{Payload: payload}
 	}
 	withheld := func(reason string) MaskResult {
 		return MaskResult{Withheld: true, WithheldReason: reason}
+	}
+	if !jsonContentType(contentType) {
+		return withheld(fmt.Sprintf("the field mask names fields for %q but the content type %q is not JSON: withheld, not shown unmasked", eventType, contentType))
 	}
 	if !json.Valid(payload) {
 		return withheld(fmt.Sprintf("the field mask names fields for %q but the payload is not JSON (encrypted, binary or text): withheld, not shown unmasked", eventType))
@@ -284,6 +291,14 @@ func (p *MaskPolicy) Apply(eventType string, payload []byte) MaskResult {
 	}
 	res.Payload = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	return res
+}
+
+// jsonContentType: empty (unknown), application/json or any +json type,
+// parameters ignored.
+func jsonContentType(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	return mt == "" || mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
 }
 
 func (p *MaskPolicy) pathsFor(eventType string) []maskPath {
@@ -353,7 +368,7 @@ func (o *Ops) applyMask(eventType string, out *RevealedPayload) {
 	if o.cfg.mask == nil {
 		return
 	}
-	r := o.cfg.mask.Apply(eventType, out.Payload)
+	r := o.cfg.mask.Apply(eventType, out.ContentType, out.Payload)
 	out.Payload, out.Masked, out.MaskedValues = r.Payload, r.Masked, r.MaskedValues
 	out.Withheld, out.WithheldReason = r.Withheld, r.WithheldReason
 }

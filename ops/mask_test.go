@@ -60,7 +60,7 @@ func noCanary(t testing.TB, what string, b []byte) {
 // that is not JSON under a policy naming its type is withheld.
 func TestMaskPolicyApply(t *testing.T) {
 	p := testMask(t)
-	r := p.Apply("order.created", []byte(maskPayload))
+	r := p.Apply("order.created", "application/json", []byte(maskPayload))
 	noCanary(t, "masked payload", r.Payload)
 	var got map[string]any
 	if err := json.Unmarshal(r.Payload, &got); err != nil {
@@ -74,15 +74,15 @@ func TestMaskPolicyApply(t *testing.T) {
 		t.Fatalf("masked: %s %+v", r.Payload, r)
 	}
 	// "*" applies to a type the policy does not name; no path matches: shown.
-	if r := p.Apply("order.shipped", []byte(`{"ssn":{"a":1},"n":12345678901234567890}`)); string(r.Payload) != `{"n":12345678901234567890,"ssn":"***"}` || r.MaskedValues != 1 {
+	if r := p.Apply("order.shipped", "application/cloudevents+json; charset=utf-8", []byte(`{"ssn":{"a":1},"n":12345678901234567890}`)); string(r.Payload) != `{"n":12345678901234567890,"ssn":"***"}` || r.MaskedValues != 1 {
 		t.Fatalf("default paths: %s %+v", r.Payload, r)
 	}
 	// Markup is not escaped (the console escapes it when it renders).
-	if r := p.Apply("x", []byte(`{"note":"<b>&</b>"}`)); string(r.Payload) != `{"note":"<b>&</b>"}` || len(r.Masked) != 0 {
+	if r := p.Apply("x", "", []byte(`{"note":"<b>&</b>"}`)); string(r.Payload) != `{"note":"<b>&</b>"}` || len(r.Masked) != 0 {
 		t.Fatalf("no match: %s %+v", r.Payload, r)
 	}
 	// A duplicate member is masked in the output, never passed through.
-	if r := p.Apply("x", []byte(`{"ssn":"a","ssn":"`+canarySSN+`"}`)); string(r.Payload) != `{"ssn":"***"}` {
+	if r := p.Apply("x", "", []byte(`{"ssn":"a","ssn":"`+canarySSN+`"}`)); string(r.Payload) != `{"ssn":"***"}` {
 		t.Fatalf("duplicate member: %s", r.Payload)
 	}
 	for _, c := range []struct{ paths, in, want string }{
@@ -99,27 +99,35 @@ func TestMaskPolicyApply(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", c.paths, err)
 		}
-		if r := p.Apply("t", []byte(c.in)); string(r.Payload) != c.want {
+		if r := p.Apply("t", "application/json", []byte(c.in)); string(r.Payload) != c.want {
 			t.Fatalf("%s on %s: %s, want %s", c.paths, c.in, r.Payload, c.want)
 		}
 	}
 	// Fail closed: not JSON, truncated JSON, ciphertext-like bytes.
 	for _, in := range []string{"ssn=" + canarySSN, `{"ssn":"` + canarySSN, "\x00\x01" + canarySSN} {
-		r := p.Apply("order.created", []byte(in))
+		r := p.Apply("order.created", "application/json", []byte(in))
 		if !r.Withheld || r.Payload != nil || !strings.Contains(r.WithheldReason, "not JSON") {
 			t.Fatalf("non-JSON %q: %+v", in, r)
 		}
 	}
+	// Fail closed on the content type too: a JSON-looking body of another
+	// type (here a JSON string as text/plain) is withheld.
+	for _, ct := range []string{"text/plain", "application/vnd.ferry.encrypted", "application/protobuf", "application/jsonx"} {
+		r := p.Apply("order.created", ct, []byte(`"`+canarySSN+`"`))
+		if !r.Withheld || r.Payload != nil || !strings.Contains(r.WithheldReason, ct) {
+			t.Fatalf("content type %s: %+v", ct, r)
+		}
+	}
 	// Negative control: no policy, or no paths for the type, shows it all.
 	var none *ops.MaskPolicy
-	if r := none.Apply("order.created", []byte(maskPayload)); string(r.Payload) != maskPayload {
+	if r := none.Apply("order.created", "text/plain", []byte(maskPayload)); string(r.Payload) != maskPayload {
 		t.Fatalf("nil policy changed the payload: %s", r.Payload)
 	}
 	only, err := ops.ParseMaskPolicy([]byte(`order.created: [customer.email]`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := only.Apply("order.shipped", []byte("not json "+canarySSN)); r.Withheld || !bytes.Contains(r.Payload, []byte(canarySSN)) {
+	if r := only.Apply("order.shipped", "text/plain", []byte("not json "+canarySSN)); r.Withheld || !bytes.Contains(r.Payload, []byte(canarySSN)) {
 		t.Fatalf("type without paths: %+v", r)
 	}
 }
@@ -245,6 +253,17 @@ func TestRevealMasked(t *testing.T) {
 					t.Fatalf("no reveal audit rows: %s", audit)
 				}
 				noCanary(t, "ops_audit", []byte(audit))
+				var counts []any
+				for _, f := range revealFilters(t, e) {
+					counts = append(counts, f["masked_values"])
+				}
+				want := []any{nil, nil, nil}
+				if masked {
+					want = []any{float64(2), float64(4), float64(4)} // newest first: effect, parked, outbox
+				}
+				if !reflect.DeepEqual(counts, want) {
+					t.Fatalf("audit rows' masked_values %v, want %v", counts, want)
+				}
 				if !masked {
 					for _, c := range canaries {
 						if !bytes.Contains(all, []byte(c)) {
@@ -299,9 +318,39 @@ func TestRevealWithheld(t *testing.T) {
 				if !r.Withheld || r.Payload != nil || r.WithheldReason == "" || r.AuditID == 0 {
 					t.Fatalf("%s: not withheld: %+v", name, r)
 				}
+
+			}
+			for i, f := range revealFilters(t, e) {
+				if masked != (f["withheld"] == true) {
+					t.Fatalf("masked=%v: audit row %d filter %v", masked, i, f)
+				}
 			}
 		})
 	}
+}
+
+// revealFilters decodes the filters of the reveal audit rows, newest first.
+func revealFilters(t *testing.T, e *env) []map[string]any {
+	t.Helper()
+	rows, err := e.ops.Audit(context.Background(), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, r := range rows {
+		if !strings.Contains(r.Action, "reveal") {
+			continue
+		}
+		var f map[string]any
+		if err := json.Unmarshal([]byte(r.Filter), &f); err != nil {
+			t.Fatalf("audit filter %q: %v", r.Filter, err)
+		}
+		out = append(out, f)
+	}
+	if len(out) != 3 {
+		t.Fatalf("%d reveal audit rows, want 3", len(out))
+	}
+	return out
 }
 
 // TestMaskSizesOnly: the read paths that show rows without payloads

@@ -341,7 +341,7 @@ func (o *Ops) RevealPayload(ctx context.Context, eventID string, a Approval) (Re
 	if err != nil {
 		return RevealedPayload{}, &ArgError{Field: "event_id", Reason: "not a UUID"}
 	}
-	key := revealKey{filter: map[string]string{"event_id": u.String()}, id: u.String(), what: "outbox event " + u.String()}
+	key := revealKey{filter: map[string]any{"event_id": u.String()}, id: u.String(), what: "outbox event " + u.String()}
 	return o.reveal(ctx, "outbox.reveal_payload", key, a, func(tx driver.Tx, out *RevealedPayload, maskKey *string) (bool, error) {
 		return driver.QueryRow(ctx, tx, fmt.Sprintf(`SELECT %s, event_type, content_type, payload FROM %s WHERE event_id = $1`, o.uuidText("event_id"), o.t("outbox")),
 			[]any{u.String()}, &out.EventID, maskKey, &out.ContentType, &out.Payload)
