@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -115,8 +116,8 @@ func (in injection) check(t *testing.T, r *shadow.Report) {
 // path sent (Ferry's Kafka publisher stands in for it) and the shadow topic
 // what shadow.Publisher sent; KafkaReader reads both and Compare reports
 // exactly the injected differences (3 missing, 2 extra, 1 reordered, 1
-// differing), and none on a clean run. A consumer group that read the
-// topics before keeps its committed offsets (the reader joins no group).
+// differing), and none on a clean run. The reads leave no consumer group
+// on the cluster: nothing joined, nothing committed.
 func TestKafkaReaderCompare(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -153,6 +154,18 @@ func TestKafkaReaderCompare(t *testing.T) {
 		if clean != r.Clean() {
 			t.Errorf("clean=%v: Clean() = %v", clean, r.Clean())
 		}
+	}
+	adm, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	groups, err := kadm.NewClient(adm).ListGroups(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if names := groups.Groups(); len(names) != 0 {
+		t.Errorf("the reads left consumer groups %v", names)
 	}
 	// A window after everything was written reads nothing.
 	got, err := shadow.KafkaReader{Seeds: c.ListenAddrs(), Topic: "orders"}.Read(ctx, time.Now().Add(time.Minute))
