@@ -32,9 +32,24 @@ func (r RabbitReader) Read(ctx context.Context, since time.Time) ([]Message, err
 	if r.Queue == "" {
 		return nil, errors.New("shadow: rabbitmq: queue must not be empty")
 	}
-	conn, err := amqp.DialConfig(r.URL, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+	// fail names the queue; after a cancel (which closes the connection)
+	// the context's error is the cause, not the closed channel.
+	fail := func(what string, err error) error {
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("shadow: queue %s: %w", r.Queue, cerr)
+		}
+		return fmt.Errorf("shadow: queue %s: %s%w", r.Queue, what, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fail("", err)
+	}
+	dial := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < dial {
+		dial = max(time.Until(dl), time.Millisecond)
+	}
+	conn, err := amqp.DialConfig(r.URL, amqp.Config{Dial: amqp.DefaultDial(dial)})
 	if err != nil {
-		return nil, fmt.Errorf("shadow: rabbitmq: %w", err)
+		return nil, fail("connect: ", err)
 	}
 	defer conn.Close()
 	// basic.get takes no context: closing the connection on cancel ends a
@@ -43,24 +58,21 @@ func (r RabbitReader) Read(ctx context.Context, since time.Time) ([]Message, err
 	defer stop()
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, fmt.Errorf("shadow: rabbitmq: channel: %w", err)
+		return nil, fail("channel: ", err)
 	}
 	defer ch.Close() // returns every unacked message to the queue
 	q, err := ch.QueueDeclarePassive(r.Queue, true, false, false, false, nil)
 	if err != nil {
-		return nil, fmt.Errorf("shadow: queue %s: %w", r.Queue, err)
+		return nil, fail("", err)
 	}
 	var out []Message
 	for i := 0; i < q.Messages; i++ {
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("shadow: queue %s: %w", r.Queue, err)
+			return nil, fail("", err)
 		}
 		d, ok, err := ch.Get(r.Queue, false)
-		if err != nil && ctx.Err() != nil {
-			return nil, fmt.Errorf("shadow: queue %s: %w", r.Queue, ctx.Err())
-		}
 		if err != nil {
-			return nil, fmt.Errorf("shadow: queue %s: get: %w", r.Queue, err)
+			return nil, fail("get: ", err)
 		}
 		if !ok {
 			break

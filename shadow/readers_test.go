@@ -2,6 +2,7 @@ package shadow_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -276,6 +277,12 @@ func TestRabbitReaderCompare(t *testing.T) {
 			t.Fatal(err)
 		}
 		in.check(t, shadow.Compare(prod2, sh, key))
+	}
+	// Cancelled: the read ends with the context's error.
+	cctx, ccancel := context.WithCancel(ctx)
+	ccancel()
+	if _, err := (shadow.RabbitReader{URL: url, Queue: "cmp.prod." + sfx + "orders.false"}).Read(cctx, time.Time{}); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled read: %v, want context.Canceled", err)
 	}
 	if _, err := (shadow.RabbitReader{URL: url, Queue: "cmp.nope." + sfx}).Read(ctx, time.Time{}); err == nil || !strings.Contains(err.Error(), "NOT_FOUND") {
 		t.Errorf("missing queue: %v", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -227,6 +228,34 @@ func TestCompareFlags(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), "secret") {
 			t.Errorf("%v: error shows the password: %v", c.args, err)
 		}
+	}
+	// --timeout bounds a read from a broker that accepts and never answers.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan []net.Conn, 1)
+	go func() {
+		var conns []net.Conn
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				accepted <- conns
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	defer func() {
+		_ = ln.Close()
+		for _, c := range <-accepted {
+			_ = c.Close()
+		}
+	}()
+	start := time.Now()
+	if _, err := runFerry(t, "compare", "--broker-url", "kafka://"+ln.Addr().String(), "--production-topic", "a", "--shadow-topic", "b", "--timeout", "1s"); err == nil ||
+		!strings.Contains(err.Error(), "deadline exceeded") || time.Since(start) > 10*time.Second {
+		t.Errorf("unreachable broker with --timeout 1s: %v after %s", err, time.Since(start))
 	}
 	// FERRY_BROKER_URL chooses the broker; an explicit --nats-url beats it.
 	t.Setenv("FERRY_BROKER_URL", "kafka://127.0.0.1:1")
