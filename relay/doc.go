@@ -82,6 +82,11 @@
 //     and the destination is reported (ferry_relay_destination_missing,
 //     [Status].MissingDestinations, a warning log with alert=
 //     destination_missing) until a publish to it succeeds.
+//   - not sent / indeterminate on a destination that accepted no event
+//     within one probe max while the broker answers its ping (a stream
+//     without a quorum, a partition without a leader): held the same way,
+//     reported by ferry_relay_destination_unavailable and alert=
+//     destination_unavailable (worker.go, holdUnavailable).
 //   - permanent (too large, invalid subject), or attempts reaching the maximum:
 //     status dead, with the reason. Under [DeadHold] (the default) the
 //     aggregate's later events wait for an operator (`ferry dlq`); under
@@ -134,7 +139,8 @@
 // ferry_relay_retries_total, ferry_relay_dead_total,
 // ferry_relay_fenced_writes_total, ferry_relay_breaker_state{state},
 // ferry_relay_broker_calls_total{op}, ferry_relay_batches_total,
-// ferry_relay_cycle_phase_seconds{phase}, ferry_relay_destination_missing.
+// ferry_relay_cycle_phase_seconds{phase}, ferry_relay_destination_missing,
+// ferry_relay_destination_unavailable.
 // The backlog, dead letters and leases are facts of the tables, exported
 // once by ops.Collector (ferry_ops_outbox_*, ferry_ops_relay_*).
 // Logs (log/slog) carry event_id, aggregate, aggregate_seq, attempts and

@@ -14,17 +14,18 @@ import (
 // facts of the tables and are exported once, by ops.Collector
 // (ferry_ops_*). docs/OPERATIONS.md lists every metric.
 type metrics struct {
-	published   prometheus.Counter
-	duplicates  prometheus.Counter
-	latency     prometheus.Histogram
-	retries     prometheus.Counter
-	deadTotal   prometheus.Counter
-	fenced      prometheus.Counter
-	breaker     *prometheus.GaugeVec
-	brokerCalls *prometheus.CounterVec
-	batches     prometheus.Counter
-	phase       *prometheus.HistogramVec
-	destMissing prometheus.Gauge
+	published       prometheus.Counter
+	duplicates      prometheus.Counter
+	latency         prometheus.Histogram
+	retries         prometheus.Counter
+	deadTotal       prometheus.Counter
+	fenced          prometheus.Counter
+	breaker         *prometheus.GaugeVec
+	brokerCalls     *prometheus.CounterVec
+	batches         prometheus.Counter
+	phase           *prometheus.HistogramVec
+	destMissing     prometheus.Gauge
+	destUnavailable prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -54,6 +55,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"phase"}),
 		destMissing: prometheus.NewGauge(prometheus.GaugeOpts{Name: metricname.Relay + "destination_missing",
 			Help: "Destinations (Kafka topics, NATS subjects, RabbitMQ routing keys) the broker reported missing on the latest publish; their events are held (no attempt charged, never dead) until they exist. 0 when none."}),
+		destUnavailable: prometheus.NewGauge(prometheus.GaugeOpts{Name: metricname.Relay + "destination_unavailable",
+			Help: "Destinations every publish of a batch to which failed (none accepted) while the broker answered — a stream without a quorum, a partition without a leader; their events are held (no attempt charged, never dead). 0 when none."}),
 	}
 	// Every series exists from the start (at 0), so rate() and alerts see
 	// them before the first call.
@@ -67,7 +70,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.latency,
-		m.retries, m.deadTotal, m.fenced, m.breaker, m.brokerCalls, m.batches, m.phase, m.destMissing} {
+		m.retries, m.deadTotal, m.fenced, m.breaker, m.brokerCalls, m.batches, m.phase, m.destMissing, m.destUnavailable} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

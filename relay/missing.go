@@ -11,7 +11,9 @@ import (
 
 // missingDests tracks destinations (event topics: a Kafka topic, a NATS
 // subject, a RabbitMQ routing key) whose last publish failed with
-// broker.ErrDestinationMissing. Rows routed to them are held: marked
+// broker.ErrDestinationMissing (Relay.missing) or, for Relay.unavailable,
+// failed transiently while the destination took nothing else (see
+// holdUnavailable). Rows routed to them are held: marked
 // pending again with a delay, no attempt charged, never dead. The delay
 // grows per destination (not per row: the fault is the destination's),
 // from the backoff base up to the probe cap, so a destination created
@@ -93,9 +95,53 @@ func (r *Relay) missingStale() time.Duration {
 	return 3*r.cfg.probeMax + r.cfg.publishTimeout + r.cfg.poll
 }
 
-// refreshMissing sets ferry_relay_destination_missing and returns the list.
+// refreshMissing sets ferry_relay_destination_missing (and _unavailable)
+// and returns the missing list.
 func (r *Relay) refreshMissing() []string {
-	l := r.missing.list(time.Now(), r.missingStale())
+	now := time.Now()
+	r.m.destUnavailable.Set(float64(len(r.unavailable.list(now, r.missingStale()))))
+	l := r.missing.list(now, r.missingStale())
 	r.m.destMissing.Set(float64(len(l)))
 	return l
+}
+
+// acceptedDests remembers when the broker last accepted an event for each
+// destination, so a transient failure can be told apart: the row's own
+// when its destination took other events lately, the destination's when
+// it took none. Entries older than keep are dropped as the map grows, so
+// per-aggregate topics do not make it grow without bound.
+type acceptedDests struct {
+	mu      sync.Mutex
+	m       map[string]time.Time
+	pruneAt int
+}
+
+func (a *acceptedDests) record(topics map[string]bool, now, keepAfter time.Time) {
+	if len(topics) == 0 {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[string]time.Time{}
+	}
+	for t := range topics {
+		a.m[t] = now
+	}
+	if len(a.m) > 2*a.pruneAt+64 {
+		for t, at := range a.m {
+			if at.Before(keepAfter) {
+				delete(a.m, t)
+			}
+		}
+		a.pruneAt = len(a.m)
+	}
+}
+
+// since reports whether topic accepted an event at or after t.
+func (a *acceptedDests) since(topic string, t time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	at, ok := a.m[topic]
+	return ok && !at.Before(t)
 }

@@ -155,6 +155,10 @@ type Relay struct {
 	crashed    atomic.Bool // a fault hook fired: no worker marks anything more
 	probeOwner atomic.Bool // held by the worker probing the open breaker
 	missing    missingDests
+	// unavailable: destinations whose every publish of a batch failed
+	// transiently while the broker answered (worker.go, holdUnavailable).
+	unavailable missingDests
+	accepted    acceptedDests
 
 	published, duplicates, retries, dead, fenced, publishCalls, pingCalls atomic.Uint64
 }

@@ -332,8 +332,19 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 	var failed []failedRow
 	var failedIdx []int
 	transient := 0
+	// Destinations the broker accepted an event for: a transient failure
+	// on one that took events lately is the row's own; on one that took
+	// none, the destination's (the outage check below).
+	accepted := map[string]bool{}
+	for i := range results {
+		if results[i].Err == nil {
+			accepted[batch[i].ev.Topic] = true
+		}
+	}
+	r.accepted.record(accepted, acked, acked.Add(-r.cfg.probeMax))
 	blocked := map[aggKey]bool{}
-	var held map[string]*heldDest // destination → rows held this batch
+	var held map[string]*heldDest        // destination → rows held this batch (missing)
+	var unavailable map[string]*heldDest // destination → rows held this batch (unavailable)
 	now := time.Now()
 	for i := range batch {
 		c := &batch[i]
@@ -347,6 +358,9 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 			sentIdx = append(sentIdx, i)
 			if was, d := r.missing.ok(c.ev.Topic, now); was {
 				r.log.InfoContext(pctx, "destination exists again; held events are being published", "destination", c.ev.Topic, "missing_for", d.Round(time.Millisecond))
+			}
+			if was, d := r.unavailable.ok(c.ev.Topic, now); was {
+				r.log.InfoContext(pctx, "destination accepts events again; held events are being published", "destination", c.ev.Topic, "unavailable_for", d.Round(time.Millisecond))
 			}
 			continue
 		}
@@ -434,6 +448,8 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 			if len(failed) == 0 {
 				return nil
 			}
+		} else {
+			unavailable = r.holdUnavailable(failed, failedIdx, batch, results, t0.Add(-r.cfg.probeMax), now)
 		}
 	}
 	n, err := r.mark(ctx, r.q.markFailed, failed, "failed")
@@ -443,6 +459,11 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 	if n < int64(len(failed)) {
 		r.fencedWrites(int64(len(failed))-n, "failed")
 		return nil
+	}
+	for dest, h := range unavailable {
+		r.log.WarnContext(pctx, "destination unavailable: every publish to it failed and none succeeded while the broker answers; events held, no attempt charged",
+			"alert", "destination_unavailable", "destination", dest, "held_rows", h.rows,
+			"retry_in", h.delay.Round(time.Millisecond), slog.String(logattr.ErrKey, h.err))
 	}
 	for dest, h := range held {
 		r.log.WarnContext(pctx, "destination missing on the broker: events held, no attempt charged, never dead; create it (or fix the routing)",
@@ -471,7 +492,47 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 	return nil
 }
 
-// heldDest is one missing destination's share of a batch.
+// holdUnavailable is the outage check's second level, run when the broker
+// answered the ping: a transient failure on a destination the broker
+// accepted nothing for since lately (one probe cap before this batch's
+// publish) is the destination failing, not the row — a JetStream stream
+// without a quorum (its node cut off from the others still answers the
+// ping), a Kafka partition without a leader, a RabbitMQ queue whose node
+// is down. Such rows are held like rows of a missing destination: no
+// attempt charged (so never dead from an outage, however long), retried
+// with the destination's capped backoff rather than the row's. A row that
+// keeps failing while others reach its destination is still charged and
+// goes dead at max attempts. When a row is the only traffic of its
+// destination the two cannot be told apart and it is held: a held row is
+// never lost and shows in the backlog age and the gauge; a dead one would
+// hold its aggregate (DeadHold) until an operator replays it.
+func (r *Relay) holdUnavailable(failed []failedRow, failedIdx []int, batch []claimed, results []broker.Result, lately, now time.Time) map[string]*heldDest {
+	var out map[string]*heldDest
+	for j := range failed {
+		fr := &failed[j]
+		i := failedIdx[j]
+		topic := batch[i].ev.Topic
+		if fr.Charge == 0 || broker.ClassOf(results[i].Err) == broker.ClassPermanent || r.accepted.since(topic, lately) {
+			continue
+		}
+		if out == nil {
+			out = map[string]*heldDest{}
+		}
+		h := out[topic]
+		if h == nil {
+			h = &heldDest{delay: r.unavailable.failed(topic, now, r.cfg.backoffBase, r.cfg.probeMax), err: fr.Err}
+			out[topic] = h
+		}
+		h.rows++
+		fr.Charge, fr.Dead, fr.Delay = 0, false, h.delay.Seconds()
+	}
+	if out != nil {
+		r.refreshMissing()
+	}
+	return out
+}
+
+// heldDest is one missing (or unavailable) destination's share of a batch.
 type heldDest struct {
 	rows  int
 	delay time.Duration

@@ -1,0 +1,93 @@
+package relay
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+)
+
+// errNoResponse is what a JetStream publish to a stream without a quorum
+// returns (nats: no response from stream): the broker answers its ping,
+// the destination takes nothing.
+var errNoResponse = broker.NewError(broker.ClassNotSent, errors.New("natsjs: not stored: nats: no response from stream (injected)"))
+
+func (c *countingPublisher) setFail(f func(i int, e *ferry.Event) error) {
+	c.mu.Lock()
+	c.failWith = f
+	c.mu.Unlock()
+}
+
+// TestDestinationUnavailable: a destination that takes nothing while the
+// broker answers its ping (found by ferry prove's nats-partition: the
+// stream leader cut off from its replicas keeps its clients and answers
+// the ping, and every publish times out) must not send rows to dead,
+// however many retries it takes: they are held, uncharged, with the
+// destination's backoff, and reported; everything is sent once it
+// recovers. A row that fails while others reach the same destination is
+// still charged and goes dead at max attempts.
+func TestDestinationUnavailable(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) {
+			s := st.new(t, 2)
+			n := startEmbeddedNATS(t)
+			pub := &countingPublisher{Publisher: n.publisher(t)}
+			pub.setFail(func(int, *ferry.Event) error { return errNoResponse })
+			r, err := New(s.db, pub, fastOpts(2, WithMaxAttempts(2), WithBackoff(5*time.Millisecond, 20*time.Millisecond))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runRelay(t, r)
+			want := s.produce(t, 20, 4)
+			waitFor(t, 15*time.Second, "publish retried well past max attempts", func() bool { p, _ := pub.calls(); return p >= 12 })
+			if d := s.count(t, "dead"); d != 0 {
+				t.Fatalf("%d rows dead while their destination was unavailable", d)
+			}
+			if st := r.Status(); st.Breaker != BreakerClosed || st.Retries == 0 {
+				t.Fatalf("breaker %s, retries %d: want closed (the ping answers) and retries counted", st.Breaker, st.Retries)
+			}
+			if g := gauge(r.m.destUnavailable); g != 1 {
+				t.Fatalf("ferry_relay_destination_unavailable = %v during the fault, want 1", g)
+			}
+			pub.setFail(nil)
+			waitFor(t, 20*time.Second, "all sent after recovery", func() bool { return s.count(t, "sent") == len(want) })
+			checkBroker(t, n.read(t), want)
+
+			// Now one aggregate's rows fail while the others reach the
+			// destination: that is the row's failure, charged, dead at 2.
+			pub.setFail(func(_ int, e *ferry.Event) error {
+				if e.AggregateID == "agg-000" {
+					return errNoResponse
+				}
+				return nil
+			})
+			s.produce(t, 20, 4)
+			waitFor(t, 15*time.Second, "the failing aggregate's head dead-lettered", func() bool { return s.count(t, "dead") == 1 })
+			waitFor(t, 15*time.Second, "the other aggregates sent", func() bool { return s.count(t, "sent") == len(want)+15 })
+		})
+	}
+}
+
+// TestDestinationUnavailableNegativeControl: the same unavailable
+// destination without the outage check (noBreaker also turns off its
+// destination level) charges every retry and sends rows to dead.
+func TestDestinationUnavailableNegativeControl(t *testing.T) {
+	for _, st := range serverStores {
+		t.Run(st.name, func(t *testing.T) {
+			s := st.new(t, 2)
+			n := startEmbeddedNATS(t)
+			pub := &countingPublisher{Publisher: n.publisher(t)}
+			pub.setFail(func(int, *ferry.Event) error { return errNoResponse })
+			r, err := New(s.db, pub, fastOpts(2, WithMaxAttempts(2), WithBackoff(5*time.Millisecond, 20*time.Millisecond))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.cfg.noBreaker = true
+			runRelay(t, r)
+			s.produce(t, 20, 4)
+			waitFor(t, 15*time.Second, "rows dead from the unavailable destination", func() bool { return s.count(t, "dead") > 0 })
+		})
+	}
+}
