@@ -14,6 +14,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver/databasesql"
+	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/outbox"
 )
@@ -53,6 +54,13 @@ type env struct {
 	// pubVia is the host:port relays connect through (the fault proxy of
 	// the outage scenario), or "" for direct.
 	pubVia string
+	// relayProxy is the fault proxy behind pubVia when a broker fault
+	// (rabbitmq-connection-drop) drives it rather than the outage.
+	relayProxy *faultproxy.Proxy
+	// faultPubStart, faultPubEnd: publish calls made when a broker fault
+	// began and ended, and faultPubInFlight those in flight when it began
+	// (brokerfaults.go), under rec.mu.
+	faultPubStart, faultPubEnd, faultPubInFlight int
 
 	// effect-worker-sigkill: what each kill of the subprocess effect
 	// worker left behind, and the scenario's summary for the report.
@@ -95,6 +103,11 @@ type recorder struct {
 	firstAck    map[string]time.Time // first successful publish ack per event
 	errs        []string
 	fencedMarks atomic.Int64
+	// Publish results the broker adapter classified indeterminate (the
+	// connection died before the confirm) and destination-missing (e.g.
+	// the server closed the channel: no such exchange).
+	pubIndeterminate, pubMissing atomic.Int64
+	pubInFlight                  int // publish calls not returned yet, under mu
 }
 
 func newRecorder() *recorder {
@@ -124,13 +137,21 @@ func (c *countingPublisher) Publish(ctx context.Context, events []ferry.Event) [
 		c.rec.pubCalls[e.ID.String()]++
 		c.rec.pubTotal++
 	}
+	c.rec.pubInFlight++
 	c.rec.mu.Unlock()
 	res := c.Publisher.Publish(ctx, events)
 	now := time.Now()
 	c.rec.mu.Lock()
+	c.rec.pubInFlight--
 	for i, r := range res {
 		if r.Err != nil {
 			c.rec.errs = append(c.rec.errs, r.Err.Error())
+			switch {
+			case errors.Is(r.Err, broker.ErrDestinationMissing):
+				c.rec.pubMissing.Add(1)
+			case broker.ClassOf(r.Err) == broker.ClassIndeterminate:
+				c.rec.pubIndeterminate.Add(1)
+			}
 			continue
 		}
 		if _, ok := c.rec.firstAck[events[i].ID.String()]; !ok {
@@ -236,7 +257,7 @@ func (e *env) components() []string {
 	} else {
 		c = append(c, "prove:fake-provider")
 	}
-	if sc.outage || sc.dbOutage {
+	if sc.outage || sc.dbOutage || sc.brokerFault == rabbitConnDrop || e.st.kfake != nil && sc.brokerFault == kafkaBrokerDown {
 		c = append(c, "internal/faultproxy")
 	}
 	if sc.cleanup != "" && e.realInbox {

@@ -23,8 +23,9 @@ import (
 // broker/kafka adapter. Events of an aggregate share a partition (key =
 // aggregate key), so per-aggregate order holds across 4 partitions.
 type kafkaTransport struct {
-	seeds []string
-	topic string
+	seeds    []string
+	replicas int16 // the topic's replication factor
+	topic    string
 	// dynamic: consume as a dynamic group member (no instance id), the
 	// slow handover after a crash (tests of the settle logic).
 	dynamic bool
@@ -42,45 +43,95 @@ func splitSeeds(s string) []string {
 	return strings.Split(s, ",")
 }
 
-// startKfake starts an in-process kfake cluster of one broker behind a
-// fault proxy: the broker listens on a loopback port of its own but
-// advertises the proxy's address (kfake advertises its listener's
-// address, and prove supplies that listener), so every client — seed
-// connection and metadata-learned broker connection alike — goes through
-// the proxy, and the outage scenario can black-hole and reset the broker
-// for everyone. The proxy passes traffic through otherwise.
-func startKfake() (*kfake.Cluster, *faultproxy.Proxy, error) {
-	var proxy *faultproxy.Proxy
+// kfakeBrokers is the number of brokers of prove's kfake cluster: enough
+// for a partition leader to move to another broker, or a broker to go
+// away while the others carry on (kafka-leader-move, kafka-broker-down).
+const kfakeBrokers = 3
+
+// kfakeStack is prove's in-process kfake cluster and the fault proxy in
+// front of each of its brokers.
+type kfakeStack struct {
+	c *kfake.Cluster
+	// nodes: node id -> its proxy and the loopback address of the
+	// broker's own listener (the proxy's target).
+	nodes map[int32]kfakeNode
+}
+
+type kfakeNode struct {
+	proxy  *faultproxy.Proxy
+	listen string
+}
+
+// startKfake starts an in-process kfake cluster of kfakeBrokers brokers,
+// each behind a fault proxy of its own: a broker listens on a loopback
+// port but advertises its proxy's address (kfake advertises its
+// listener's address, and prove supplies that listener), so every client
+// — seed connection and metadata-learned broker connection alike — goes
+// through the proxies, and a fault can black-hole, reset or take away a
+// broker for everyone. The proxies pass traffic through otherwise.
+func startKfake() (*kfakeStack, error) {
+	ks := &kfakeStack{nodes: map[int32]kfakeNode{}}
+	byListen := map[string]*faultproxy.Proxy{} // a node added back on its old port keeps its proxy
+	var created []kfakeNode                    // in creation order: node ids 0, 1, 2
 	listen := func(network, address string) (net.Listener, error) {
-		if proxy != nil {
-			return nil, errors.New("prove: kfake: one broker only")
-		}
 		ln, err := net.Listen(network, address)
 		if err != nil {
 			return nil, err
 		}
-		p, err := faultproxy.New(ln.Addr().String())
-		if err != nil {
-			_ = ln.Close()
-			return nil, err
+		p := byListen[ln.Addr().String()]
+		if p == nil {
+			if p, err = faultproxy.New(ln.Addr().String()); err != nil {
+				_ = ln.Close()
+				return nil, err
+			}
+			byListen[ln.Addr().String()] = p
+			created = append(created, kfakeNode{proxy: p, listen: ln.Addr().String()})
 		}
 		addr, err := net.ResolveTCPAddr("tcp", p.Addr())
 		if err != nil {
-			_ = p.Close()
 			_ = ln.Close()
 			return nil, err
 		}
-		proxy = p
 		return advertisedListener{Listener: ln, addr: addr}, nil
 	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(kafkaPartitions), kfake.ListenFn(listen))
-	if err != nil {
-		if proxy != nil {
-			_ = proxy.Close()
-		}
-		return nil, nil, fmt.Errorf("prove: kfake: %w", err)
+	c, err := kfake.NewCluster(kfake.NumBrokers(kfakeBrokers), kfake.DefaultNumPartitions(kafkaPartitions), kfake.ListenFn(listen))
+	for i, n := range created {
+		ks.nodes[int32(i)] = n
 	}
-	return c, proxy, nil
+	if err != nil {
+		ks.closeProxies()
+		return nil, fmt.Errorf("prove: kfake: %w", err)
+	}
+	ks.c = c
+	return ks, nil
+}
+
+// Set switches every broker's proxy to m (the outage takes the whole
+// cluster away).
+func (ks *kfakeStack) Set(m faultproxy.Mode) {
+	for _, n := range ks.nodes {
+		n.proxy.Set(m)
+	}
+}
+
+// ResetAll aborts every connection to every broker.
+func (ks *kfakeStack) ResetAll() {
+	for _, n := range ks.nodes {
+		n.proxy.ResetAll()
+	}
+}
+
+func (ks *kfakeStack) closeProxies() {
+	for _, n := range ks.nodes {
+		_ = n.proxy.Close()
+	}
+}
+
+func (ks *kfakeStack) close() {
+	if ks.c != nil {
+		ks.c.Close()
+	}
+	ks.closeProxies()
 }
 
 // advertisedListener accepts on its own address and reports addr (the
@@ -92,8 +143,8 @@ type advertisedListener struct {
 
 func (l advertisedListener) Addr() net.Addr { return l.addr }
 
-func newKafkaTransport(ctx context.Context, seeds []string, scenario string) (*kafkaTransport, error) {
-	t := &kafkaTransport{seeds: seeds, topic: "prove-" + scenario + "-" + randHex(4)}
+func newKafkaTransport(ctx context.Context, seeds []string, replicas int16, scenario string) (*kafkaTransport, error) {
+	t := &kafkaTransport{seeds: seeds, replicas: replicas, topic: "prove-" + scenario + "-" + randHex(4)}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
 	if err != nil {
 		return nil, fmt.Errorf("prove: kafka client: %w", err)
@@ -101,7 +152,7 @@ func newKafkaTransport(ctx context.Context, seeds []string, scenario string) (*k
 	defer cl.Close()
 	// A fresh name: create it directly (listing a missing topic first makes
 	// the client wait out its metadata retries).
-	resps, err := kadm.NewClient(cl).CreateTopics(ctx, kafkaPartitions, 1, nil, t.topic)
+	resps, err := kadm.NewClient(cl).CreateTopics(ctx, kafkaPartitions, replicas, nil, t.topic)
 	if err == nil {
 		err = resps.Error()
 	}

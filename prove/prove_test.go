@@ -44,8 +44,12 @@ func assertMatrix(t *testing.T, rep *Report, allowUnavailable map[string]bool) {
 	for _, r := range rep.Results {
 		switch {
 		case r.Status == StatusNotAvailable:
-			// The cluster scenarios need --broker nats-cluster (cluster_test.go).
-			if sc, _ := lookupScenario(r.Scenario); !allowUnavailable[r.Scenario] && !(sc.clusterFault != "" && !strings.Contains(rep.Stack, "cluster")) {
+			// The cluster scenarios need --broker nats-cluster (cluster_test.go),
+			// the broker faults their own broker (brokerfaults_test.go).
+			sc, _ := lookupScenario(r.Scenario)
+			otherBroker := sc.clusterFault != "" && !strings.Contains(rep.Stack, "cluster") ||
+				sc.brokerFault != "" && !strings.Contains(rep.Stack, brokerFaultStack(sc.brokerFault))
+			if !allowUnavailable[r.Scenario] && !otherBroker {
 				t.Errorf("%s: not available: %s", r.Scenario, r.Note)
 			}
 		case r.Control:
@@ -242,7 +246,7 @@ func TestPostgresAndSystemNATS(t *testing.T) {
 func TestKafka(t *testing.T) {
 	rep, err := Run(context.Background(), small(WithBroker("kafka://kfake"), WithScenarios(
 		"relay-crash-after-publish", "duplicate-delivery", "broker-outage", "inbox-sigkill",
-		"control-mark-before-ack", "control-non-atomic-inbox"))...)
+		kafkaLeaderMove, kafkaBrokerDown, "control-mark-before-ack", "control-non-atomic-inbox"))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,6 +256,14 @@ func TestKafka(t *testing.T) {
 	assertMatrix(t, rep, nil)
 	if r, _ := rep.Result("broker-outage"); r.Figures.LagMax < time.Second {
 		t.Errorf("broker-outage on kafka: no event waited through the outage: %+v", r.Figures)
+	}
+	// #18 item 4: 3 brokers; leaders moved, a leader broker removed and
+	// added back, while the relay publishes.
+	if r, _ := rep.Result(kafkaLeaderMove); r.Figures.FaultsInjected != kafkaMoveRounds*kafkaPartitions || !strings.Contains(r.Note, "3 brokers") {
+		t.Errorf("%s: faults %d, note %q", kafkaLeaderMove, r.Figures.FaultsInjected, r.Note)
+	}
+	if r, _ := rep.Result(kafkaBrokerDown); r.Figures.FaultsInjected != 1 || !strings.Contains(r.Note, "added back") {
+		t.Errorf("%s: faults %d, note %q", kafkaBrokerDown, r.Figures.FaultsInjected, r.Note)
 	}
 	// A real cluster's brokers advertise their own addresses: no proxy.
 	if why := (&kafkaTransport{}).unsupported(&scenario{outage: true}); !strings.Contains(why, "kfake") {
@@ -263,11 +275,20 @@ func TestKafka(t *testing.T) {
 // broker/rabbitmq (including the outage through the fault proxy).
 func TestRabbitMQ(t *testing.T) {
 	rep, err := Run(context.Background(), small(WithBroker(testenv.RabbitMQURL(t)), WithScenarios(
-		"consumer-ack-loss", "duplicate-delivery", "broker-outage", "control-inline-effect", "cleanup-guarded"))...)
+		"consumer-ack-loss", "duplicate-delivery", "broker-outage", rabbitConnDrop, rabbitChannelClose,
+		"control-inline-effect", "cleanup-guarded"))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	assertMatrix(t, rep, map[string]bool{"cleanup-guarded": true})
+	// #18 item 4: the relay's connection reset while confirms were in
+	// flight (republished), its channel closed by the server (held).
+	if r, _ := rep.Result(rabbitConnDrop); r.Figures.FaultsInjected != rabbitDrops || r.Figures.DuplicatePublishes == 0 {
+		t.Errorf("%s: %+v", rabbitConnDrop, r.Figures)
+	}
+	if r, _ := rep.Result(rabbitChannelClose); r.Figures.FaultsInjected != rabbitCloses || !strings.Contains(r.Note, "404") {
+		t.Errorf("%s: faults %d, note %q", rabbitChannelClose, r.Figures.FaultsInjected, r.Note)
+	}
 	if r, _ := rep.Result("duplicate-delivery"); r.Figures.DuplicateDeliveries == 0 {
 		t.Errorf("no duplicate delivered on RabbitMQ: %+v", r.Figures)
 	}

@@ -47,6 +47,7 @@ type scenario struct {
 	cdcConfirmEarly     bool          // the CDC control: confirm the LSN before the rows are marked sent
 	throttle            time.Duration // pause per producer transaction, to spread the workload over the faults
 	clusterFault        string        // --broker nats-cluster: clusterLeaderKill or clusterPartition (cluster.go)
+	brokerFault         string        // a Kafka (kfake) or RabbitMQ fault: kafkaLeaderMove, kafkaBrokerDown, rabbitConnDrop, rabbitChannelClose (brokerfaults.go)
 	skew                bool          // each package relay reads a skewed or stepping clock (skew.go)
 	dbCrash             bool          // the database is prove's own Postgres server, SIGKILLed and restarted mid-run (dbcrash.go)
 	notAvailable        func(*stack, *config) string
@@ -191,6 +192,18 @@ func allScenarios() []*scenario {
 		{name: "nats-partition", desc: "3-node JetStream cluster: the stream leader is cut off from both other nodes (fault proxies on the routes) while publishing, then healed",
 			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, clusterFault: clusterPartition, throttle: 30 * time.Millisecond,
 			notAvailable: needsNATSCluster, extra: clusterFaultBit},
+		{name: kafkaLeaderMove, desc: "kfake with 3 brokers, topic at 3 replicas: the leader of every partition of the scenario's topic moves to another broker 4 times while the relay publishes and the consumer drains",
+			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, brokerFault: kafkaLeaderMove, throttle: 40 * time.Millisecond,
+			notAvailable: needsKfake, extra: brokerFaultBit(kafkaMoveRounds * kafkaPartitions)},
+		{name: kafkaBrokerDown, desc: "kfake with 3 brokers: the broker leading partition 0 is shut down mid-publish (connections reset, node removed, its partitions re-led) and added back",
+			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, brokerFault: kafkaBrokerDown, throttle: 40 * time.Millisecond,
+			notAvailable: needsKfake, extra: brokerFaultBit(1)},
+		{name: rabbitConnDrop, desc: "the relay's AMQP connection is reset 4 times (fault proxy) while publishes await their confirms: the relay reconnects and republishes what it could not confirm",
+			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, brokerFault: rabbitConnDrop, throttle: 40 * time.Millisecond,
+			notAvailable: needsRabbitMQ, extra: brokerFaultBit(rabbitDrops)},
+		{name: rabbitChannelClose, desc: "RabbitMQ closes the relay's channel (404: its exchange deleted under it) twice mid-publish; the rows are held until the exchange is back",
+			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, brokerFault: rabbitChannelClose, throttle: 40 * time.Millisecond,
+			notAvailable: needsRabbitMQ, extra: brokerFaultBit(rabbitCloses)},
 		{name: "relay-clock-skew", desc: "three relays share the shards, one clock a lease TTL behind, one a TTL ahead, one stepping back a TTL then forward two: leases and fences keep order, no row published twice",
 			plan: planOptions{rollbackRate: 0.05}, relays: 3, skew: true, throttle: 30 * time.Millisecond, extra: checkSkew,
 			notAvailable: func(_ *stack, c *config) string {
@@ -349,27 +362,34 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 			return Figures{}, nil, "", nil, fmt.Errorf("prove: policy: %w", err)
 		}
 	}
-	var proxy *faultproxy.Proxy
+	var proxy faultSwitch // the outage's
 	switch {
-	case sc.outage && st.kproxy != nil:
-		// kfake: the stack's proxy already stands in front of the broker's
-		// advertised address; the outage takes the broker away from every
-		// client (relay, consumer, readers), not only the relay.
-		proxy = st.kproxy
+	case sc.outage && st.kfake != nil:
+		// kfake: the stack's proxies already stand in front of the
+		// brokers' advertised addresses; the outage takes the cluster away
+		// from every client (relay, consumer, readers), not only the relay.
+		proxy = st.kfake
 		defer proxy.Set(faultproxy.Pass)
-	case sc.outage:
-		if proxy, err = faultproxy.New(tr.endpoint()); err != nil {
+	case sc.outage || sc.brokerFault == rabbitConnDrop:
+		p, err := faultproxy.New(tr.endpoint())
+		if err != nil {
 			return Figures{}, nil, "", nil, err
 		}
-		defer proxy.Close()
-		e.pubVia = proxy.Addr()
+		defer p.Close()
+		e.pubVia = p.Addr()
+		if sc.outage {
+			proxy = p
+		} else {
+			e.relayProxy = p // rabbitmq-connection-drop: its fault drives it
+		}
 	}
 	if sc.dbOutage {
-		var closeDB func()
-		if proxy, closeDB, err = e.proxiedRelayDB(); err != nil {
+		p, closeDB, err := e.proxiedRelayDB()
+		if err != nil {
 			return Figures{}, nil, "", nil, err
 		}
 		defer closeDB()
+		proxy = p
 	}
 	// effect-worker-sigkill: the provider is reached over HTTP by effect
 	// workers in other processes; it closes after they are gone.
@@ -481,11 +501,17 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 			sleepCtx(runCtx, 300*time.Millisecond)
 			proxy.Set(faultproxy.Pass)
 		}()
-	} else if sc.clusterFault != "" {
+	} else if sc.clusterFault != "" || sc.brokerFault != "" {
 		go func() {
 			defer close(outageDone)
 			sleepCtx(runCtx, 300*time.Millisecond)
-			note, err := runClusterFault(runCtx, e, sc.clusterFault)
+			var note string
+			var err error
+			if sc.clusterFault != "" {
+				note, err = runClusterFault(runCtx, e, sc.clusterFault)
+			} else {
+				note, err = runBrokerFault(runCtx, e, sc.brokerFault)
+			}
 			e.extraNote, clusterErr = note, err
 		}()
 	} else if sc.dbCrash {

@@ -246,23 +246,25 @@ func runSoak(ctx context.Context, cfg *config, st *stack, so SoakOptions, txs in
 		kinds = append(kinds, soakRelayPause)
 	}
 	relayJob := tr.job()
-	var proxy *faultproxy.Proxy
+	var proxy faultSwitch
 	switch {
 	case st.cluster != nil:
 		kinds = append(kinds, soakClusterKill)
-	case st.kproxy != nil:
-		proxy = st.kproxy
+	case st.kfake != nil:
+		proxy = st.kfake
 		defer proxy.Set(faultproxy.Pass)
 	case tr.endpoint() != "":
-		if proxy, err = faultproxy.New(tr.endpoint()); err != nil {
+		p, err := faultproxy.New(tr.endpoint())
+		if err != nil {
 			return res, err
 		}
-		defer proxy.Close()
+		defer p.Close()
+		proxy = p
 		u, err := url.Parse(relayJob.URL)
 		if err != nil {
 			return res, fmt.Errorf("prove: broker url: %w", err)
 		}
-		u.Host = proxy.Addr()
+		u.Host = p.Addr()
 		relayJob.URL = u.String()
 	}
 	if proxy != nil {
@@ -449,7 +451,7 @@ settling:
 }
 
 // soakFault injects one fault of kind and says what it did.
-func soakFault(ctx context.Context, e *env, kind string, procs []*soakProc, proxy *faultproxy.Proxy) (string, error) {
+func soakFault(ctx context.Context, e *env, kind string, procs []*soakProc, proxy faultSwitch) (string, error) {
 	switch kind {
 	case soakRelayKill, soakInboxKill:
 		sp := procs[1]

@@ -22,7 +22,6 @@ import (
 	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
-	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 // stack is what every scenario shares: the broker server and the database
@@ -34,9 +33,8 @@ type stack struct {
 	natsURL  string
 	embedded *natsembed.Server
 	cluster  *natsCluster // --broker nats-cluster (cluster.go)
-	kfake    *kfake.Cluster
-	kproxy   *faultproxy.Proxy // in front of kfake's broker (startKfake)
-	kafka    []string          // seed brokers
+	kfake    *kfakeStack  // kafka://kfake: prove's cluster and its brokers' proxies (startKfake)
+	kafka    []string     // seed brokers
 	amqpURL  string
 	broker   string // "nats", or the scheme of an unsupported broker
 	tmp      string
@@ -67,12 +65,12 @@ func openStack(ctx context.Context, cfg *config) (*stack, error) {
 	case strings.HasPrefix(cfg.brokerURL, "nats://"):
 		st.natsURL = cfg.brokerURL
 	case cfg.brokerURL == "kafka://kfake":
-		c, p, err := startKfake()
+		ks, err := startKfake()
 		if err != nil {
 			st.close()
 			return nil, err
 		}
-		st.kfake, st.kproxy, st.kafka, st.broker = c, p, c.ListenAddrs(), "kafka"
+		st.kfake, st.kafka, st.broker = ks, ks.c.ListenAddrs(), "kafka"
 	case strings.HasPrefix(cfg.brokerURL, "kafka://"):
 		st.kafka, st.broker = splitSeeds(cfg.brokerURL), "kafka"
 	default:
@@ -128,10 +126,7 @@ func (st *stack) close() {
 		st.cluster.close()
 	}
 	if st.kfake != nil {
-		st.kfake.Close()
-	}
-	if st.kproxy != nil {
-		_ = st.kproxy.Close()
+		st.kfake.close()
 	}
 	if st.tmp != "" {
 		_ = os.RemoveAll(st.tmp)
@@ -214,9 +209,15 @@ func (d *database) writer(topics ferry.TopicTemplate) (*outbox.Writer[*sql.Tx], 
 func (st *stack) newTransport(ctx context.Context, scenario string, cfg *config) (transport, error) {
 	switch st.broker {
 	case "kafka":
-		t, err := newKafkaTransport(ctx, st.kafka, scenario)
+		// kfake: every partition on all of prove's brokers (kfake keeps
+		// one log per partition; the replicas are what metadata reports).
+		replicas := int16(1)
+		if st.kfake != nil {
+			replicas = kfakeBrokers
+		}
+		t, err := newKafkaTransport(ctx, st.kafka, replicas, scenario)
 		if t != nil {
-			t.dynamic, t.proxied = cfg.kafkaDynamic, st.kproxy != nil
+			t.dynamic, t.proxied = cfg.kafkaDynamic, st.kfake != nil
 		}
 		return t, err
 	case "rabbitmq":
@@ -240,7 +241,7 @@ func (st *stack) unsupported(sc *scenario) string {
 	}
 	switch st.broker {
 	case "kafka":
-		return (&kafkaTransport{proxied: st.kproxy != nil}).unsupported(sc)
+		return (&kafkaTransport{proxied: st.kfake != nil}).unsupported(sc)
 	case "rabbitmq":
 		return (&rabbitTransport{}).unsupported(sc)
 	}

@@ -1,0 +1,365 @@
+package prove
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ferryhq/ferry/internal/faultproxy"
+)
+
+// Broker faults (scenario.brokerFault): faults of one broker kind that
+// the relay and the consumer must ride through, injected while the
+// producers commit and the relay publishes.
+const (
+	kafkaLeaderMove    = "kafka-leader-move"
+	kafkaBrokerDown    = "kafka-broker-down"
+	rabbitConnDrop     = "rabbitmq-connection-drop"
+	rabbitChannelClose = "rabbitmq-channel-closed"
+)
+
+// Fault sizes: leader-move rounds (every partition of the scenario's
+// topic moves once per round), connection drops, channel closes.
+const (
+	kafkaMoveRounds  = 4
+	kafkaMoveEvery   = 300 * time.Millisecond
+	rabbitDrops      = 4
+	rabbitDropDelay  = 80 * time.Millisecond // the proxy's latency before each drop: confirms are in flight
+	rabbitCloses     = 2
+	rabbitCloseLimit = 10 * time.Second // for the relay to publish into the deleted exchange
+)
+
+// faultSwitch is what the outage drives: one fault proxy, or every
+// broker's proxy of prove's kfake cluster at once.
+type faultSwitch interface {
+	Set(faultproxy.Mode)
+	ResetAll()
+}
+
+var (
+	_ faultSwitch = (*faultproxy.Proxy)(nil)
+	_ faultSwitch = (*kfakeStack)(nil)
+)
+
+// runBrokerFault injects the scenario's broker fault and says what it
+// did, for the report; an error when the fault could not be placed.
+func runBrokerFault(ctx context.Context, e *env, kind string) (string, error) {
+	switch kind {
+	case kafkaLeaderMove, kafkaBrokerDown:
+		ks, t := e.st.kfake, e.tr.(*kafkaTransport)
+		if ks == nil || t == nil {
+			return "", errors.New("prove: kafka fault without prove's kfake cluster")
+		}
+		if kind == kafkaLeaderMove {
+			return ks.moveLeaders(ctx, e, t.topic)
+		}
+		return ks.brokerDown(ctx, e, t.seeds, t.topic)
+	case rabbitConnDrop, rabbitChannelClose:
+		t, ok := e.tr.(*rabbitTransport)
+		if !ok {
+			return "", errors.New("prove: rabbitmq fault without a rabbitmq transport")
+		}
+		if kind == rabbitConnDrop {
+			return dropRelayConnection(ctx, e)
+		}
+		return t.closeRelayChannel(ctx, e)
+	}
+	return "", fmt.Errorf("prove: unknown broker fault %q", kind)
+}
+
+// markFaultWindow records the publish calls made at the start and the
+// end of a fault, and those in flight at its start, so the scenario's
+// check can tell the relay was publishing while it lasted (a Kafka
+// publish call may block through the whole fault).
+func (e *env) markFaultWindow(start bool) {
+	e.rec.mu.Lock()
+	defer e.rec.mu.Unlock()
+	if start {
+		e.faultPubStart, e.faultPubInFlight = e.rec.pubTotal, e.rec.pubInFlight
+	} else {
+		e.faultPubEnd = e.rec.pubTotal
+	}
+}
+
+// moveLeaders moves the leader of every partition of topic to the next
+// broker, kafkaMoveRounds times, kafkaMoveEvery apart. One fault per
+// partition move.
+func (ks *kfakeStack) moveLeaders(ctx context.Context, e *env, topic string) (string, error) {
+	nodes := ks.nodeIDs()
+	e.markFaultWindow(true)
+	moves := 0
+	for round := 0; round < kafkaMoveRounds && ctx.Err() == nil; round++ {
+		if round > 0 {
+			sleepCtx(ctx, kafkaMoveEvery)
+		}
+		for p := int32(0); p < kafkaPartitions; p++ {
+			old := ks.c.LeaderFor(topic, p)
+			if old < 0 {
+				return "", fmt.Errorf("prove: kfake: %s/%d has no leader", topic, p)
+			}
+			next := nodes[(indexOf(nodes, old)+1)%len(nodes)]
+			if err := ks.c.MoveTopicPartition(topic, p, next); err != nil {
+				return "", fmt.Errorf("prove: kfake: move %s/%d to %d: %w", topic, p, next, err)
+			}
+			if got := ks.c.LeaderFor(topic, p); got != next {
+				return "", fmt.Errorf("prove: kfake: %s/%d led by %d after the move to %d", topic, p, got, next)
+			}
+			e.faults.Add(1)
+			moves++
+		}
+	}
+	e.markFaultWindow(false)
+	return fmt.Sprintf("%d partition leader moves (%d rounds over %d partitions, %d brokers)", moves, kafkaMoveRounds, kafkaPartitions, len(nodes)), nil
+}
+
+// brokerDown takes away a broker leading partitions of topic: its proxy
+// resets every connection to it and refuses new ones (clients see the
+// broker die), kfake removes the node (its partitions get new leaders
+// among the others, the group coordinator may move), and after
+// clusterFaultHold the node is added back on its own port, behind the
+// same proxy (kfake re-elects every partition's leader again).
+//
+// Never the controller: kfake's RemoveNode leaves the cluster's
+// controller pointing at the removed broker, and the node added back is
+// a new one, so the cluster would answer NOT_CONTROLLER to every topic
+// creation and deletion from then on.
+func (ks *kfakeStack) brokerDown(ctx context.Context, e *env, seeds []string, topic string) (string, error) {
+	controller, err := kafkaController(ctx, seeds)
+	if err != nil {
+		return "", err
+	}
+	node := int32(-1)
+	for p := int32(0); p < kafkaPartitions && node < 0; p++ {
+		if l := ks.c.LeaderFor(topic, p); l != controller {
+			node = l
+		}
+	}
+	if node < 0 { // the controller leads them all: hand partition 0 to another broker first
+		for _, id := range ks.nodeIDs() {
+			if id != controller {
+				node = id
+				break
+			}
+		}
+		if err := ks.c.MoveTopicPartition(topic, 0, node); err != nil {
+			return "", fmt.Errorf("prove: kfake: move %s/0 to %d: %w", topic, node, err)
+		}
+	}
+	n, ok := ks.nodes[node]
+	if !ok {
+		return "", fmt.Errorf("prove: kfake: partition led by unknown node %d", node)
+	}
+	var led []string
+	for p := int32(0); p < kafkaPartitions; p++ {
+		if ks.c.LeaderFor(topic, p) == node {
+			led = append(led, strconv.Itoa(int(p)))
+		}
+	}
+	_, portStr, err := net.SplitHostPort(n.listen)
+	if err != nil {
+		return "", err
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return "", fmt.Errorf("prove: kfake: port of %s: %w", n.listen, err)
+	}
+	e.markFaultWindow(true)
+	e.faults.Add(1)
+	n.proxy.Set(faultproxy.Reset)
+	if err := ks.c.RemoveNode(node); err != nil {
+		n.proxy.Set(faultproxy.Pass)
+		return "", fmt.Errorf("prove: kfake: remove node %d: %w", node, err)
+	}
+	var during []string
+	for p := int32(0); p < kafkaPartitions; p++ {
+		during = append(during, strconv.Itoa(int(ks.c.LeaderFor(topic, p))))
+	}
+	sleepCtx(ctx, clusterFaultHold)
+	if _, _, err := ks.c.AddNode(node, port); err != nil {
+		return "", fmt.Errorf("prove: kfake: add node %d back on port %d: %w", node, port, err)
+	}
+	n.proxy.Set(faultproxy.Pass)
+	e.markFaultWindow(false)
+	return fmt.Sprintf("broker %d (leader of partitions %s; controller %d) shut down for %s, partitions led by brokers %s meanwhile, added back", node,
+		strings.Join(led, ","), controller, clusterFaultHold, strings.Join(during, ",")), nil
+}
+
+// kafkaController is the node id of the cluster's controller.
+func kafkaController(ctx context.Context, seeds []string) (int32, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	if err != nil {
+		return -1, fmt.Errorf("prove: kafka admin: %w", err)
+	}
+	defer cl.Close()
+	m, err := kadm.NewClient(cl).BrokerMetadata(ctx)
+	if err != nil {
+		return -1, fmt.Errorf("prove: kafka metadata: %w", err)
+	}
+	return m.Controller, nil
+}
+
+func (ks *kfakeStack) nodeIDs() []int32 {
+	ids := make([]int32, 0, len(ks.nodes))
+	for id := range ks.nodes {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
+
+func indexOf(ids []int32, id int32) int {
+	for i, v := range ids {
+		if v == id {
+			return i
+		}
+	}
+	return 0
+}
+
+// dropRelayConnection drops the relay's AMQP connection rabbitDrops
+// times while it publishes: the proxy between the relay and RabbitMQ
+// slows traffic (so publishes sit awaiting their confirms), then aborts
+// every connection with a TCP RST and passes traffic again. The relay
+// reconnects on its next publish.
+func dropRelayConnection(ctx context.Context, e *env) (string, error) {
+	p := e.relayProxy
+	if p == nil {
+		return "", errors.New("prove: connection drop without the relay's proxy")
+	}
+	p.SetDelay(rabbitDropDelay)
+	e.markFaultWindow(true)
+	for i := 0; i < rabbitDrops && ctx.Err() == nil; i++ {
+		p.Set(faultproxy.Delay)
+		sleepCtx(ctx, 4*rabbitDropDelay)
+		p.ResetAll()
+		p.Set(faultproxy.Pass)
+		e.faults.Add(1)
+		sleepCtx(ctx, 300*time.Millisecond)
+	}
+	e.markFaultWindow(false)
+	return fmt.Sprintf("relay connection reset %d times (%d connections reset), %d publishes left without a confirm",
+		rabbitDrops, p.Stats().Resets, e.rec.pubIndeterminate.Load()), nil
+}
+
+// closeRelayChannel makes RabbitMQ close the relay's channel, rabbitCloses
+// times: the scenario's exchange is deleted, so the relay's next publish
+// gets channel.close 404 NOT_FOUND from the server; once the relay has
+// reported that (held rows, destination missing), the exchange and both
+// queue bindings are restored. The restore never routes a message to one
+// queue without the other (the audit queue must see what the consumer's
+// queue gets): both queues are bound to a scratch fanout exchange first,
+// the scenario's exchange is bound to it in one step, the direct
+// bindings follow, then the scratch exchange goes.
+func (t *rabbitTransport) closeRelayChannel(ctx context.Context, e *env) (string, error) {
+	e.markFaultWindow(true)
+	for i := 0; i < rabbitCloses && ctx.Err() == nil; i++ {
+		if i > 0 {
+			sleepCtx(ctx, 500*time.Millisecond)
+		}
+		before := e.rec.pubMissing.Load()
+		if err := t.withChannel(func(ch *amqp.Channel) error { return ch.ExchangeDelete(t.name, false, false) }); err != nil {
+			return "", fmt.Errorf("prove: rabbitmq delete exchange: %w", err)
+		}
+		e.faults.Add(1)
+		deadline := time.Now().Add(rabbitCloseLimit)
+		for e.rec.pubMissing.Load() == before && time.Now().Before(deadline) && ctx.Err() == nil {
+			sleepCtx(ctx, 10*time.Millisecond)
+		}
+		seen := e.rec.pubMissing.Load() > before
+		if err := t.restoreExchange(); err != nil {
+			return "", err
+		}
+		if !seen {
+			return "", fmt.Errorf("prove: the relay did not publish into the deleted exchange within %s", rabbitCloseLimit)
+		}
+	}
+	e.markFaultWindow(false)
+	return fmt.Sprintf("exchange deleted %d times under the relay (server closed its channel: 404), restored; %d publishes held as destination missing",
+		rabbitCloses, e.rec.pubMissing.Load()), nil
+}
+
+func (t *rabbitTransport) restoreExchange() error {
+	scratch := t.name + "-restore"
+	err := t.withChannel(func(ch *amqp.Channel) error {
+		if err := ch.ExchangeDeclare(scratch, amqp.ExchangeFanout, false, false, false, false, nil); err != nil {
+			return err
+		}
+		for _, q := range []string{t.name, t.auditQueue()} {
+			if err := ch.QueueBind(q, "", scratch, false, nil); err != nil {
+				return err
+			}
+		}
+		if err := ch.ExchangeDeclare(t.name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return err
+		}
+		if err := ch.ExchangeBind(scratch, "#", t.name, false, nil); err != nil {
+			return err
+		}
+		for _, q := range []string{t.name, t.auditQueue()} {
+			if err := ch.QueueBind(q, "#", t.name, false, nil); err != nil {
+				return err
+			}
+		}
+		if err := ch.ExchangeUnbind(scratch, "#", t.name, false, nil); err != nil {
+			return err
+		}
+		return ch.ExchangeDelete(scratch, false, false)
+	})
+	if err != nil {
+		return fmt.Errorf("prove: rabbitmq restore exchange: %w", err)
+	}
+	return nil
+}
+
+// needsKfake: the Kafka faults drive prove's own kfake cluster.
+func needsKfake(st *stack, _ *config) string {
+	if st.kfake == nil {
+		return "needs prove's in-process kfake cluster (--broker kafka://kfake): partition leaders are moved and brokers removed through kfake's admin calls"
+	}
+	return ""
+}
+
+// needsRabbitMQ: the RabbitMQ faults act on an AMQP connection and channel.
+func needsRabbitMQ(st *stack, _ *config) string {
+	if st.broker != "rabbitmq" {
+		return "needs RabbitMQ (--broker amqp://...): the fault is an AMQP connection's or channel's"
+	}
+	return ""
+}
+
+// brokerFaultBit checks the fault fired as often as planned, that the
+// relay was publishing while it lasted (a call in flight at its start, or
+// one made during it), and that it bit where it can tell:
+// a dropped connection left publishes without a confirm, a closed
+// channel held publishes as destination missing.
+func brokerFaultBit(want int) func(*env, *Figures, *truth) []string {
+	return func(e *env, f *Figures, _ *truth) []string {
+		var v []string
+		if f.FaultsInjected != want {
+			v = append(v, fmt.Sprintf("%d faults fired, want %d", f.FaultsInjected, want))
+		}
+		if e.faultPubEnd <= e.faultPubStart && e.faultPubInFlight == 0 {
+			v = append(v, "the relay published nothing while the fault lasted: the fault did not bite")
+		}
+		switch e.sc.brokerFault {
+		case rabbitConnDrop:
+			if e.rec.pubIndeterminate.Load() == 0 {
+				v = append(v, "no drop hit a publish awaiting its confirm: the fault did not bite")
+			}
+		case rabbitChannelClose:
+			if e.rec.pubMissing.Load() == 0 {
+				v = append(v, "no publish met the closed channel: the fault did not bite")
+			}
+		}
+		return v
+	}
+}
