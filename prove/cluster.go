@@ -255,7 +255,11 @@ func runClusterFault(ctx context.Context, e *env, kind string) (string, error) {
 		return fmt.Sprintf("stream leader %s shut down, %s took over, %s restarted", old, newLeader, old), nil
 	case clusterPartition:
 		nc.isolate(node)
-		newLeader, lerr := waitLeader(ctx, s.url, s.name, old, 15*time.Second)
+		// Ask the majority side: the cut-off node keeps answering stream
+		// info with itself as leader until it notices it lost quorum, and
+		// a client given every node's URL may well be connected to it.
+		majority := nc.c.Nodes[(node+1)%clusterNodes].ClientURL()
+		newLeader, lerr := waitLeader(ctx, majority, s.name, old, 15*time.Second)
 		sleepCtx(ctx, clusterFaultHold)
 		nc.heal(node)
 		if lerr != nil {

@@ -70,6 +70,22 @@ func StartCluster(n int, name string, dial RouteDialer) (*Cluster, error) {
 			}
 			routes = append(routes, &url.URL{Scheme: "nats-route", Host: addr})
 		}
+		// With a dialer (fault proxies between the nodes) every route must
+		// go through it. A node gossips its own cluster address to the
+		// others, which then dial it directly as an "implicit" route when
+		// it matches no configured route — a path around the proxies that
+		// heals a partition within seconds. Advertising a port nothing
+		// listens on leaves the configured (proxied) routes as the only
+		// ones; implicit dials fail and are dropped.
+		advertise := ""
+		if dial != nil {
+			dead, err := freePort()
+			if err != nil {
+				_ = c.Close()
+				return nil, err
+			}
+			advertise = net.JoinHostPort("127.0.0.1", strconv.Itoa(dead))
+		}
 		store := filepath.Join(dir, "node-"+strconv.Itoa(i))
 		if err := os.MkdirAll(store, 0o700); err != nil {
 			_ = c.Close()
@@ -86,7 +102,7 @@ func StartCluster(n int, name string, dial RouteDialer) (*Cluster, error) {
 			NoSigs:     true,
 			Cluster: server.ClusterOpts{
 				Name: name, Host: "127.0.0.1", Port: routePorts[i],
-				NoAdvertise: true, ConnectRetries: -1,
+				NoAdvertise: true, Advertise: advertise, ConnectRetries: -1,
 				PingInterval: 250 * time.Millisecond, MaxPingsOut: 3,
 			},
 			Routes: routes,
