@@ -389,7 +389,7 @@ var publishRules = []publishRule{
 	{"github.com/streadway/amqp", "Channel", []string{"Publish"}, "amqp"},
 	{"github.com/IBM/sarama", "", []string{"SendMessage"}, "sarama"},
 	{"github.com/Shopify/sarama", "", []string{"SendMessage"}, "sarama"},
-	{"github.com/segmentio/kafka-go", "", []string{"WriteMessages"}, "kafka"},
+	{"github.com/segmentio/kafka-go", "", []string{"WriteMessages", "WriteCompressedMessages", "Produce"}, "kafka"},
 	{"github.com/ThreeDotsLabs/watermill/message", "Publisher", []string{"Publish"}, "watermill"},
 	{"github.com/aws/aws-sdk-go-v2/service/sns", "Client", []string{"Publish"}, "sns"},
 	{"github.com/aws/aws-sdk-go-v2/service/sqs", "Client", []string{"SendMessage"}, "sqs"},
@@ -453,6 +453,11 @@ func matchDB(pass *analysis.Pass, fn *types.Func, call *ast.CallExpr) (kind, str
 		if fn.Pkg() != nil && isTxHelper(fn) {
 			return kBegin, fn.Pkg().Name() + "." + fn.Name()
 		}
+		// sqlx's package-level helpers take the Execer as an argument.
+		if fn.Pkg() != nil && fn.Pkg().Path() == "github.com/jmoiron/sqlx" &&
+			(strings.HasPrefix(fn.Name(), "NamedExec") || strings.HasPrefix(fn.Name(), "MustExec")) {
+			return kWrite, "sqlx." + fn.Name()
+		}
 		return 0, ""
 	}
 	pkg, name, recv := fn.Pkg().Path(), fn.Name(), recvName(fn)
@@ -482,8 +487,11 @@ func matchDB(pass *analysis.Pass, fn *types.Func, call *ast.CallExpr) (kind, str
 		if strings.HasPrefix(name, "NamedExec") || strings.HasPrefix(name, "MustExec") {
 			return kWrite, lbl
 		}
-		if name == "Commit" {
+		switch name {
+		case "Commit":
 			return kCommit, lbl
+		case "Beginx", "BeginTxx", "MustBegin", "MustBeginTx":
+			return kBegin, lbl
 		}
 		return 0, ""
 	case "gorm.io/gorm":

@@ -1,6 +1,7 @@
 package dualwrite_test
 
 import (
+	"path/filepath"
 	"testing"
 
 	"golang.org/x/tools/go/analysis/analysistest"
@@ -26,4 +27,13 @@ func TestNoFalsePositives(t *testing.T) {
 			t.Errorf("clean: %d diagnostics, want 0", len(r.Diagnostics))
 		}
 	}
+}
+
+// TestLibraries: the matchers for GORM, sqlx, segmentio/kafka-go and the
+// AWS SDK v2 SNS client, against the real libraries (the libs fixture
+// module, with its own go.mod and go.sum): a true positive per library and
+// shape, and read-only or write-free neighbours that must not be reported
+// (analysistest fails on any diagnostic without a want).
+func TestLibraries(t *testing.T) {
+	analysistest.Run(t, filepath.Join(analysistest.TestData(), "libs"), dualwrite.Analyzer, "./...")
 }
