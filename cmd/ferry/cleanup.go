@@ -73,9 +73,9 @@ Previews (counts) by default; --approve deletes and writes an audit row.`,
 			}
 			defer s.Close()
 			if archiveURL != "" {
-				st, err := archive.Open(cmd.Context(), archiveURL, archive.WithFerryVersion(version(debug.ReadBuildInfo())))
+				st, err := openArchive(cmd.Context(), "--archive", archiveURL)
 				if err != nil {
-					return fmt.Errorf("--archive: %w", err)
+					return err
 				}
 				defer st.Close()
 				opts.Archive = st
@@ -127,6 +127,16 @@ Previews (counts) by default; --approve deletes and writes an audit row.`,
 	fl.DurationVar(&minWindow.InboxReplayHorizon, "min-inbox-replay-horizon", 0, "raise the inbox replay horizon the guard uses")
 	cmd.AddCommand(newCleanupWindowCmd())
 	return cmd
+}
+
+// openArchive opens the blob store cleanup archives into (ferry cleanup
+// --archive, ferry relay --cleanup-archive); errors name flag.
+func openArchive(ctx context.Context, flag, rawURL string) (*archive.Store, error) {
+	st, err := archive.Open(ctx, rawURL, archive.WithFerryVersion(version(debug.ReadBuildInfo())))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	return st, nil
 }
 
 func newCleanupWindowCmd() *cobra.Command {

@@ -64,6 +64,7 @@ type relayFlags struct {
 	// Scheduled cleanup (off unless --cleanup-interval > 0).
 	cleanupEvery     time.Duration
 	cleanupRetention time.Duration
+	cleanupArchive   string
 
 	// Destinations.
 	stream      string
@@ -128,6 +129,7 @@ the leases and exits 0.`,
 	fl.StringVar(&f.mode, "mode", "poll", `how rows are found: "poll" (claim by status, LISTEN/NOTIFY wake-up) or "cdc" (Postgres logical replication, pgoutput)`)
 	fl.DurationVar(&f.cleanupEvery, "cleanup-interval", 0, "run cleanup (sent outbox rows, old inbox and finished effect rows) this often; 0 disables")
 	fl.DurationVar(&f.cleanupRetention, "cleanup-retention", 7*24*time.Hour, "cleanup keeps rows younger than this; refused if shorter than the replay window (ferry cleanup window)")
+	fl.StringVar(&f.cleanupArchive, "cleanup-archive", "", "with --cleanup-interval: write each cleanup batch to this blob store (file:///DIR?create_dir=1, s3://…) and delete only what it confirmed (docs/ARCHIVE.md)")
 	fl.StringVar(&f.slot, "slot", "ferry_cdc", "cdc: logical replication slot name")
 	fl.StringVar(&f.publication, "publication", "ferry_cdc", "cdc: publication name (created for the outbox table only, inserts only)")
 	fl.IntVar(&f.shards, "shards", ferry.DefaultShardCount, "shard count N; must equal the writers' N")

@@ -18,6 +18,9 @@ import (
 // instead of failing later in the background. The returned func stops it.
 func startScheduledCleanup(ctx context.Context, f *relayFlags, st *store, log *slog.Logger) (func(), error) {
 	if f.cleanupEvery <= 0 {
+		if f.cleanupArchive != "" {
+			return nil, fmt.Errorf("--cleanup-archive: needs --cleanup-interval > 0 (it archives the scheduled cleanup's batches)")
+		}
 		return func() {}, nil
 	}
 	o, err := ops.New(st, ops.WithTables(st.tables), ops.WithLogger(log))
@@ -25,6 +28,24 @@ func startScheduledCleanup(ctx context.Context, f *relayFlags, st *store, log *s
 		return nil, err
 	}
 	opts := ops.CleanupOptions{Retention: f.cleanupRetention}
+	// Open (and so validate) the archive before the relay starts: a bad
+	// URL refuses to start instead of failing every tick in the background.
+	// ops.Cleanup deletes only the batches the archive confirmed.
+	closeArchive := func() {}
+	if f.cleanupArchive != "" {
+		as, err := openArchive(ctx, "--cleanup-archive", f.cleanupArchive)
+		if err != nil {
+			return nil, err
+		}
+		opts.Archive = as
+		closeArchive = func() { _ = as.Close() }
+	}
+	started := false
+	defer func() {
+		if !started {
+			closeArchive()
+		}
+	}()
 	w, err := o.ReplayWindow(ctx)
 	if err != nil {
 		return nil, err
@@ -34,6 +55,7 @@ func startScheduledCleanup(ctx context.Context, f *relayFlags, st *store, log *s
 	}
 	host, _ := os.Hostname()
 	approval := ops.Approval{Approve: true, Actor: "relay/" + host, Reason: "scheduled cleanup (ferry relay --cleanup-interval)"}
+	started = true
 	cctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -43,6 +65,6 @@ func startScheduledCleanup(ctx context.Context, f *relayFlags, st *store, log *s
 			log.ErrorContext(ctx, "scheduled cleanup stopped", logattr.Err(err))
 		}
 	}()
-	log.InfoContext(ctx, "scheduled cleanup", "every", f.cleanupEvery.String(), "retention", f.cleanupRetention.String())
-	return func() { cancel(); wg.Wait() }, nil
+	log.InfoContext(ctx, "scheduled cleanup", "every", f.cleanupEvery.String(), "retention", f.cleanupRetention.String(), "archive", opts.Archive != nil)
+	return func() { cancel(); wg.Wait(); closeArchive() }, nil
 }
