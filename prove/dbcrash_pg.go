@@ -18,6 +18,7 @@ import (
 	"time"
 
 	ferrymysql "github.com/ferryhq/ferry/driver/mysql"
+	"github.com/ferryhq/ferry/internal/ownerdir"
 )
 
 // pgServerBin is where Debian's packages put the Postgres 15 server
@@ -131,7 +132,7 @@ func startTempServer(ctx context.Context, kind string) (_ *tempServer, err error
 			p.close()
 		}
 	}()
-	if p.lock, err = lockDir(dir); err != nil {
+	if p.lock, err = ownerdir.Lock(dir); err != nil {
 		return nil, err
 	}
 	if os.Geteuid() == 0 {
@@ -365,20 +366,6 @@ func (p *tempServer) log() string {
 	return string(b)
 }
 
-// lockDir takes an exclusive flock on dir/owner.lock, held until the file
-// is closed or the process dies.
-func lockDir(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "owner.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("prove: temp postgres lock: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("prove: temp postgres lock %s: %w", dir, err)
-	}
-	return f, nil
-}
-
 // sweepTempServers removes throwaway clusters whose owner died (its lock
 // is free): a server still running there (a parent-death signal can miss,
 // e.g. when the owner's thread had already exited) is SIGKILLed by the pid
@@ -386,24 +373,10 @@ func lockDir(dir string) (*os.File, error) {
 // that data directory; then the directory goes. Clusters whose owner
 // lives are left alone, so concurrent runs do not disturb each other.
 func sweepTempServers() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), tempPGPrefix+"*"))
-	for _, dir := range dirs {
-		f, err := os.OpenFile(filepath.Join(dir, "owner.lock"), os.O_RDWR, 0)
-		if err != nil {
-			if st, serr := os.Stat(dir); serr == nil && time.Since(st.ModTime()) > time.Minute {
-				_ = os.RemoveAll(dir) // never locked: its owner died before taking the lock
-			}
-			continue
-		}
-		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
-			_ = f.Close()
-			continue // its owner is alive
-		}
+	ownerdir.Sweep(filepath.Join(os.TempDir(), tempPGPrefix+"*"), func(dir string) {
 		killStale(filepath.Join(dir, "data"), filepath.Join(dir, "data", "postmaster.pid"))
 		killStale(filepath.Join(dir, "data"), filepath.Join(dir, "mariadbd.pid"))
-		_ = os.RemoveAll(dir)
-		_ = f.Close()
-	}
+	})
 }
 
 // killStale SIGKILLs the server whose pid pidFile names (and its

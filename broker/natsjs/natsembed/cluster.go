@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/ferryhq/ferry/internal/ownerdir"
 )
 
 // RouteDialer stands between two cluster nodes: Route(from, to, addr)
@@ -27,7 +29,11 @@ type RouteDialer func(from, to int, addr string) (string, error)
 type Cluster struct {
 	Nodes []*Server
 	dir   string
+	lock  *os.File // ownerdir lock on dir, held until Close
 }
+
+// clusterDirPrefix names a cluster's directory under os.TempDir().
+const clusterDirPrefix = "ferry-nats-cluster-"
 
 // StartCluster starts n (3..7) JetStream servers named ferry-node-0..n-1
 // in cluster name and waits until JetStream's meta group has a leader.
@@ -39,11 +45,19 @@ func StartCluster(n int, name string, dial RouteDialer) (*Cluster, error) {
 	if name == "" {
 		return nil, errors.New("natsembed: StartCluster: name must not be empty")
 	}
-	dir, err := os.MkdirTemp("", "ferry-nats-cluster-*")
+	// A run SIGKILLed before Close leaves its directory behind (the
+	// in-process nodes die with it): remove those of dead owners, then
+	// own this one for as long as the process lives.
+	ownerdir.Sweep(filepath.Join(os.TempDir(), clusterDirPrefix+"*"), nil)
+	dir, err := os.MkdirTemp("", clusterDirPrefix+"*")
 	if err != nil {
 		return nil, fmt.Errorf("natsembed: cluster dir: %w", err)
 	}
 	c := &Cluster{dir: dir}
+	if c.lock, err = ownerdir.Lock(dir); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("natsembed: %w", err)
+	}
 	clientPorts, routePorts := make([]int, n), make([]int, n)
 	for i := 0; i < n; i++ {
 		if clientPorts[i], err = freePort(); err != nil {
@@ -189,7 +203,11 @@ func (c *Cluster) Close() error {
 	for _, s := range c.Nodes {
 		_ = s.Close() // a node's store is under c.dir, not owned by it
 	}
-	if err := os.RemoveAll(c.dir); err != nil {
+	err := os.RemoveAll(c.dir)
+	if c.lock != nil {
+		_ = c.lock.Close()
+	}
+	if err != nil {
 		return fmt.Errorf("natsembed: remove cluster dir: %w", err)
 	}
 	return nil
