@@ -130,3 +130,30 @@ func rewrapBatch(ctx context.Context, tx driver.Tx, ring Keyring, sel, upd, to, 
 	}
 	return moved, last, len(rs), nil
 }
+
+// PendingRewrap counts the live subject keys RewrapSubjectKeys would
+// re-wrap to current, by the KEK id they are wrapped under now.
+func PendingRewrap(ctx context.Context, exec driver.Executor, t ferry.Tables, current string) (map[string]int64, error) {
+	if err := t.Check(); err != nil {
+		return nil, err
+	}
+	rows, err := exec.Query(ctx, fmt.Sprintf(`SELECT kek_id, COUNT(*) FROM %s
+WHERE erased_at IS NULL AND wrapped_key IS NOT NULL AND kek_id <> $1 GROUP BY kek_id ORDER BY kek_id`, t.Name("subject_keys")), current)
+	if err != nil {
+		return nil, fmt.Errorf("encrypt: count subject keys to rewrap: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var k string
+		var n int64
+		if err := rows.Scan(&k, &n); err != nil {
+			return nil, fmt.Errorf("encrypt: count subject keys to rewrap: %w", err)
+		}
+		out[k] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("encrypt: count subject keys to rewrap: %w", err)
+	}
+	return out, nil
+}
