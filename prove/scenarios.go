@@ -222,7 +222,7 @@ func allScenarios() []*scenario {
 		{name: "control-mark-before-ack", control: true, desc: "relay marks rows sent before the broker acks, then crashes",
 			plan: planOptions{faultRates: map[int]float64{faultRelayCrash: 0.03}}, relays: oneRelay, markBeforeAck: true},
 		{name: "control-non-atomic-inbox", control: true, desc: "inbox claims in one transaction and applies in another; a crash between",
-			plan: planOptions{faultRates: map[int]float64{faultInboxCrash: 0.03}}, relays: oneRelay, nonAtomic: true},
+			plan: planOptions{faultRates: map[int]float64{faultInboxCrash: 0.08}}, relays: oneRelay, nonAtomic: true},
 		{name: "control-premature-cleanup", control: true, desc: "cleanup with retention shorter than the replay window, then a replay",
 			plan: planOptions{}, relays: oneRelay, cleanup: "premature"},
 		{name: "control-cdc-start-from-current-wal", control: true, desc: "the CDC relay restarts from the current WAL position instead of its slot",
