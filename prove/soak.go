@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -601,7 +602,15 @@ func (sp *soakProc) sample(at time.Duration) ProcSample {
 	return ProcSample{At: at}
 }
 
+// soakPprofDirEnv, when set to a directory, makes each sample of prove's
+// own process also write a heap profile there (prove-<at>.heap, after a GC),
+// for `go tool pprof -diff_base`. Off by default.
+const soakPprofDirEnv = "FERRY_PROVE_PPROF_DIR"
+
 func selfSample(at time.Duration) ProcSample {
+	if dir := os.Getenv(soakPprofDirEnv); dir != "" {
+		writeHeapProfile(filepath.Join(dir, fmt.Sprintf("prove-%ds.heap", int(at.Seconds()))))
+	}
 	return ProcSample{At: at, PID: os.Getpid(), RSSKiB: readRSS(os.Getpid()), Goroutines: runtime.NumGoroutine(), HeapKiB: heapKiB()}
 }
 
@@ -770,5 +779,20 @@ func (p *progress) keep(s string) {
 	p.line(s)
 	if p.tty {
 		fmt.Fprintln(p.w)
+	}
+}
+
+// writeHeapProfile writes the heap profile to path; a failure is only
+// printed, a profile is a diagnostic.
+func writeHeapProfile(path string) {
+	runtime.GC()
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "soak: heap profile: %v\n", err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "soak: heap profile: %v\n", err)
 	}
 }
