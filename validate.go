@@ -29,7 +29,8 @@ var defaultContentTypes = []string{
 	"application/avro",
 	"application/octet-stream",
 	"text/plain",
-	"application/vnd.ferry.encrypted", // encrypt.ContentType: a Ferry envelope
+	"application/vnd.ferry.encrypted",       // encrypt.ContentType: a Ferry envelope
+	"application/vnd.ferry.claimcheck+json", // claimcheck.ContentType: a reference to an offloaded payload
 }
 
 // DefaultContentTypes returns the content types accepted by default.

@@ -289,6 +289,9 @@ func (ib *Inbox[TTx]) finishFailure(ctx context.Context, exec driver.Executor, m
 	if res.kind == stepDecrypt {
 		return ib.parkLive(ctx, exec, m, ReasonDecrypt, res.err.Error(), nil)
 	}
+	if res.kind == stepClaimCheck {
+		return ib.parkLive(ctx, exec, m, ReasonClaimCheck, res.err.Error(), nil)
+	}
 	if res.kind == stepUnauthorized {
 		ib.log.WarnContext(ctx, "authorization denied; parked", "event_id", m.ev.ID, "tenant_id", m.ev.TenantID,
 			"principal", sanitize.Text(m.ev.Headers.Principal, 128), "action", sanitize.Text(m.ev.Headers.Action, 128))

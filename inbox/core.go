@@ -274,6 +274,7 @@ const (
 	stepUnauthorized          // claim written: undo, then park
 	stepFailed                // claim written and handler failed: undo, then retry or park poison
 	stepDecrypt               // claim written and payload does not decrypt (WithDecryption): undo, then park
+	stepClaimCheck            // claim written and the offloaded payload is missing or fails its digest (WithClaimCheck): undo, then park
 )
 
 type stepResult struct {
@@ -284,7 +285,7 @@ type stepResult struct {
 }
 
 func (k stepKind) needsUndo() bool {
-	return k == stepUnauthorized || k == stepFailed || k == stepDecrypt
+	return k == stepUnauthorized || k == stepFailed || k == stepDecrypt || k == stepClaimCheck
 }
 
 // step runs every check and the handler for one valid message inside tx.
@@ -299,7 +300,7 @@ func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m 
 	// A payload that does not decrypt still goes through the claim, so a
 	// redelivered duplicate (or stale event) of an erased subject is
 	// absorbed as before; only one that would apply is undone and parked.
-	ev, decryptErr := ib.open(ctx, ev)
+	ev, openKind, decryptErr := ib.open(ctx, ev)
 	if decryptErr == nil {
 		if err := ib.contractErr(ev); err != nil {
 			return stepResult{kind: stepSchema, err: err}, nil
@@ -326,7 +327,7 @@ func (ib *Inbox[TTx]) step(ctx context.Context, tx TTx, exec driver.Executor, m 
 		return stepResult{}, errConcurrent
 	}
 	if decryptErr != nil {
-		return stepResult{kind: stepDecrypt, err: decryptErr}, nil
+		return stepResult{kind: openKind, err: decryptErr}, nil
 	}
 	if ib.authorize != nil {
 		if err := ib.authorize(ctx, tx, ev); err != nil {

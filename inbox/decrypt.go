@@ -31,14 +31,24 @@ func WithDecryption(o PayloadOpener) Option {
 	return func(c *config) { c.opener = o; c.alwaysSavepoints = true }
 }
 
-// open decrypts ev for the handler; ev unchanged without WithDecryption.
-func (ib *Inbox[TTx]) open(ctx context.Context, ev ferry.Event) (ferry.Event, error) {
+// open fetches an offloaded payload (WithClaimCheck), then decrypts it
+// (WithDecryption) for the handler — the producer encrypts, then
+// offloads. ev unchanged without either; on failure the step kind says
+// which one failed.
+func (ib *Inbox[TTx]) open(ctx context.Context, ev ferry.Event) (ferry.Event, stepKind, error) {
+	if ib.cfg.fetcher != nil {
+		out, err := ib.cfg.fetcher.Open(ctx, ev)
+		if err != nil {
+			return ev, stepClaimCheck, fmt.Errorf("offloaded payload: %w", err)
+		}
+		ev = out
+	}
 	if ib.cfg.opener == nil {
-		return ev, nil
+		return ev, 0, nil
 	}
 	out, err := ib.cfg.opener.Open(ctx, ev)
 	if err != nil {
-		return ev, fmt.Errorf("payload does not decrypt: %w", err)
+		return ev, stepDecrypt, fmt.Errorf("payload does not decrypt: %w", err)
 	}
-	return out, nil
+	return out, 0, nil
 }

@@ -148,9 +148,10 @@ const (
 	ReasonCollision    Reason = "collision"    // same (tenant, event id), different content
 	ReasonUndecodable  Reason = "undecodable"  // not a valid Ferry event
 	ReasonDecrypt      Reason = "decrypt"      // the payload does not decrypt (WithDecryption): wrong, missing or erased key
+	ReasonClaimCheck   Reason = "claimcheck"   // the offloaded payload is missing or fails its size/digest check (WithClaimCheck)
 )
 
-var allReasons = [...]Reason{ReasonGap, ReasonSchema, ReasonUnauthorized, ReasonPoison, ReasonCollision, ReasonUndecodable, ReasonDecrypt}
+var allReasons = [...]Reason{ReasonGap, ReasonSchema, ReasonUnauthorized, ReasonPoison, ReasonCollision, ReasonUndecodable, ReasonDecrypt, ReasonClaimCheck}
 
 const numReasons = len(allReasons)
 

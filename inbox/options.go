@@ -72,6 +72,7 @@ type config struct {
 	schemas       map[SchemaKey]bool
 	contracts     ContractValidator
 	opener        PayloadOpener // WithDecryption
+	fetcher       PayloadOpener // WithClaimCheck
 	authorize     any           // an Authorizer[TTx]; New checks its type
 	ordering      bool
 	start         StartPolicy

@@ -299,6 +299,8 @@ func describeStep(sr stepResult, current Reason) (Outcome, Reason, string) {
 		return OutcomeParked, ReasonSchema, errText
 	case stepDecrypt:
 		return OutcomeParked, ReasonDecrypt, errText
+	case stepClaimCheck:
+		return OutcomeParked, ReasonClaimCheck, errText
 	case stepUnauthorized:
 		return OutcomeParked, ReasonUnauthorized, errText
 	case stepFailed:
@@ -355,7 +357,7 @@ func (ib *Inbox[TTx]) replayParkedResult(ctx context.Context, txv TTx, tx driver
 			tally.successorsApplied++
 		}
 		return true, p.Event.AggregateSeq, r, release()
-	case stepUnauthorized, stepFailed, stepDecrypt:
+	case stepUnauthorized, stepFailed, stepDecrypt, stepClaimCheck:
 		if err := rollbackTo(ctx, tx, sp); err != nil {
 			return false, 0, r, err
 		}

@@ -36,7 +36,7 @@ type ParkedFilter struct {
 	After string
 }
 
-var parkReasons = map[string]bool{"gap": true, "schema": true, "unauthorized": true, "poison": true, "collision": true, "undecodable": true, "decrypt": true}
+var parkReasons = map[string]bool{"gap": true, "schema": true, "unauthorized": true, "poison": true, "collision": true, "undecodable": true, "decrypt": true, "claimcheck": true}
 
 func (f ParkedFilter) empty() bool {
 	return f.Consumer == "" && f.Reason == "" && len(f.IDs) == 0 && len(f.EventIDs) == 0 && f.TenantID == "" &&
@@ -45,7 +45,7 @@ func (f ParkedFilter) empty() bool {
 
 func (f ParkedFilter) check() error {
 	if f.Reason != "" && !parkReasons[f.Reason] {
-		return &ArgError{Field: "filter.reason", Reason: "must be one of gap, schema, unauthorized, poison, collision, undecodable, decrypt"}
+		return &ArgError{Field: "filter.reason", Reason: "must be one of gap, schema, unauthorized, poison, collision, undecodable, decrypt, claimcheck"}
 	}
 	if len(f.IDs)+len(f.EventIDs) > MaxIDs {
 		return &ArgError{Field: "filter.ids", Reason: fmt.Sprintf("at most %d ids", MaxIDs)}

@@ -75,7 +75,7 @@ type ListDeadIn struct {
 // ListParkedIn filters parked inbox messages.
 type ListParkedIn struct {
 	Consumer        string   `json:"consumer,omitempty"`
-	Reason          string   `json:"reason,omitempty" jsonschema:"gap, schema, unauthorized, poison, collision, undecodable or decrypt"`
+	Reason          string   `json:"reason,omitempty" jsonschema:"gap, schema, unauthorized, poison, collision, undecodable, decrypt or claimcheck"`
 	IDs             []int64  `json:"ids,omitempty"`
 	EventIDs        []string `json:"event_ids,omitempty"`
 	TenantID        string   `json:"tenant_id,omitempty"`
@@ -116,7 +116,7 @@ type PreviewIn struct {
 	Target string   `json:"target,omitempty" jsonschema:"effects: target system"`
 	// Parked filter (parked.*) and effects.
 	Consumer string  `json:"consumer,omitempty" jsonschema:"effects or parked: consumer name"`
-	Reason   string  `json:"reason,omitempty" jsonschema:"parked: gap, schema, unauthorized, poison, collision, undecodable, decrypt"`
+	Reason   string  `json:"reason,omitempty" jsonschema:"parked: gap, schema, unauthorized, poison, collision, undecodable, decrypt, claimcheck"`
 	IDs      []int64 `json:"ids,omitempty" jsonschema:"parked: row ids"`
 	All      bool    `json:"all,omitempty" jsonschema:"act on every matching row although no other criterion is given"`
 	// Cleanup (preview only).

@@ -40,7 +40,7 @@ func (w *Writer[TTx]) seal(ctx context.Context, exec driver.Executor, events []f
 	}
 	for i := range events {
 		e := events[i]
-		if err := w.cfg.limits.Validate(i, &e); err != nil {
+		if err := w.dataLimits().Validate(i, &e); err != nil {
 			return fmt.Errorf("outbox: encrypted event outside the limits (the envelope is larger than the plaintext and has its own content type): %w", err)
 		}
 	}

@@ -62,7 +62,8 @@ type config struct {
 	noTrace bool
 	// contracts, when set, validates each payload before anything is written.
 	contracts ContractValidator
-	sealer    PayloadSealer // WithEncryption
+	sealer    PayloadSealer    // WithEncryption
+	offloader PayloadOffloader // WithClaimCheck
 }
 
 // Option configures a Writer.
@@ -261,13 +262,14 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 		traceparent = otelferry.TraceparentFromContext(ctx)
 	}
 	out := make([]ferry.Event, len(events))
+	limits := w.dataLimits()
 	var given map[uuid.UUID]int // caller-supplied ids, to reject duplicates within the call
 	for i := range events {
 		e := events[i]
 		if e.Headers.Traceparent == "" {
 			e.Headers.Traceparent = traceparent
 		}
-		if err := w.cfg.limits.Validate(i, &e); err != nil {
+		if err := limits.Validate(i, &e); err != nil {
 			return nil, err
 		}
 		if w.cfg.contracts != nil {
@@ -296,6 +298,11 @@ func (w *Writer[TTx]) insertExec(ctx context.Context, exec driver.Executor, even
 	}
 	if w.cfg.sealer != nil {
 		if err := w.seal(ctx, exec, out); err != nil {
+			return nil, err
+		}
+	}
+	if w.cfg.offloader != nil {
+		if err := w.offload(ctx, out); err != nil {
 			return nil, err
 		}
 	}

@@ -346,7 +346,7 @@ const parkedCols = [["id", m => link("/parked-message", { id: m.id }, String(m.i
 
 function parked(main) {
   listPage(main, "Parked messages", "/api/v1/parked",
-    [["consumer", "consumer"], ["reason", "reason", ["", "gap", "schema", "unauthorized", "poison", "collision", "undecodable", "decrypt"]], ["event_ids", "event ids", "wide"],
+    [["consumer", "consumer"], ["reason", "reason", ["", "gap", "schema", "unauthorized", "poison", "collision", "undecodable", "decrypt", "claimcheck"]], ["event_ids", "event ids", "wide"],
       ["tenant_id", "tenant"], ["aggregate_type", "aggregate type"], ["aggregate_id", "aggregate id"], ["event_type", "event type"], ["include_resolved", "include resolved", "bool"]],
     parkedCols, [{ label: "Replay (through the consumer's current code)", path: "/api/v1/parked/replay" }, { label: "Release gap", path: "/api/v1/parked/release-gap" }],
     p => listFilter(p, ["event_ids"]));
