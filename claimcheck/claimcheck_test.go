@@ -23,6 +23,7 @@ import (
 	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/claimcheck"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/inbox"
@@ -251,6 +252,12 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 func TestClaimCheckSQLite(t *testing.T) {
 	db, _ := testenv.NewSQLite(t)
 	drv := sqlite.New(db)
+	endToEnd(t, newStack(t, drv, drv))
+}
+
+func TestClaimCheckMySQL(t *testing.T) {
+	d := testenv.NewMySQLDatabase(t)
+	drv := mysql.New(d.DB)
 	endToEnd(t, newStack(t, drv, drv))
 }
 
