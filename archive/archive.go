@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	_ "gocloud.dev/blob/memblob"  // mem:// — tests and trials
 	"gocloud.dev/gcerrors"
 
+	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/ops"
 )
 
@@ -115,19 +115,7 @@ func (s *Store) Location() string { return s.location }
 // Redact returns a URL fit for results, logs and audit rows: without user
 // info and without query parameters (some drivers take credentials or
 // tokens there) except prefix, which says where the archive is.
-func Redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable archive URL)"
-	}
-	u.User = nil
-	q := url.Values{}
-	if p := u.Query().Get("prefix"); p != "" {
-		q.Set("prefix", p)
-	}
-	u.RawQuery = q.Encode()
-	return u.String()
-}
+func Redact(raw string) string { return logattr.RedactBlobURL(raw) }
 
 // Archive writes b as a data object and its manifest and confirms both:
 // each is written with a ContentMD5 the store checks, closed, then read

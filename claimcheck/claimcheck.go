@@ -29,7 +29,7 @@ import (
 	"gocloud.dev/gcerrors"
 
 	"github.com/ferryhq/ferry"
-	"github.com/ferryhq/ferry/archive"
+	"github.com/ferryhq/ferry/internal/logattr"
 )
 
 // ContentType is the datacontenttype of an event whose data is a
@@ -74,9 +74,9 @@ func Open(ctx context.Context, rawURL string, threshold int) (*Store, error) {
 	}
 	b, err := blob.OpenBucket(ctx, rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("claimcheck: open %s: %w", archive.Redact(rawURL), err)
+		return nil, fmt.Errorf("claimcheck: open %s: %w", logattr.RedactBlobURL(rawURL), err)
 	}
-	return &Store{bucket: b, location: archive.Redact(rawURL), threshold: threshold, maxData: DefaultMaxDataBytes}, nil
+	return &Store{bucket: b, location: logattr.RedactBlobURL(rawURL), threshold: threshold, maxData: DefaultMaxDataBytes}, nil
 }
 
 // Close closes the bucket.

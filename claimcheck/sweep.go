@@ -31,13 +31,20 @@ type SweepOptions struct {
 	// it to the outbox cleanup retention; blobs beyond it are the bucket's
 	// lifecycle rules' to expire. Must exceed Grace.
 	Retention time.Duration
+	// DryRun counts the orphans without deleting them.
+	DryRun bool
 	// Now is the clock (tests); time.Now by default.
 	Now func() time.Time
 }
 
 // SweepResult counts what one Sweep saw.
 type SweepResult struct {
-	Listed, Young, Old, Referenced, Deleted int
+	Listed     int `json:"listed"`     // blobs under KeyPrefix
+	Young      int `json:"young"`      // inside the grace period: kept
+	Old        int `json:"old"`        // past the retention: kept
+	Referenced int `json:"referenced"` // an outbox row holds the event id: kept
+	Orphans    int `json:"orphans"`    // none does: deleted (or, dry run, would be)
+	Deleted    int `json:"deleted"`
 }
 
 // Sweep deletes orphaned blobs: written by a producer whose transaction
@@ -90,6 +97,10 @@ func (s *Store) Sweep(ctx context.Context, exists RowExists, o SweepOptions) (Sw
 		}
 		if ok {
 			res.Referenced++
+			continue
+		}
+		res.Orphans++
+		if o.DryRun {
 			continue
 		}
 		if err := s.bucket.Delete(ctx, obj.Key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {

@@ -33,7 +33,7 @@ FERRY_DATABASE_URL; a value the flag refuses is an error.`,
 		newProveCmd(),
 		newStatusCmd(), newDLQCmd(), newParkedCmd(), newReplayCmd(), newCleanupCmd(), newEvidenceCmd(), newEffectsCmd(),
 		newConsoleCmd(), newMCPCmd(), newApprovalsCmd(),
-		newVetCmd(), newContractCmd(), newCompareCmd(), newEraseCmd(), newKeysCmd(),
+		newVetCmd(), newContractCmd(), newCompareCmd(), newEraseCmd(), newKeysCmd(), newClaimCheckCmd(),
 		newArchiveCmd(),
 	)
 	refuseUnknownSubcommands(root)

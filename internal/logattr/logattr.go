@@ -81,3 +81,21 @@ func RedactURL(raw string) string {
 	}
 	return raw
 }
+
+// RedactBlobURL returns a blob store URL (gocloud.dev/blob: file://, s3://,
+// gs://, azblob://) fit for results, logs and audit rows: without user info
+// and without query parameters (some drivers take credentials or tokens
+// there) except prefix, which says where in the bucket.
+func RedactBlobURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable blob URL)"
+	}
+	u.User = nil
+	q := url.Values{}
+	if p := u.Query().Get("prefix"); p != "" {
+		q.Set("prefix", p)
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
