@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/ferryhq/ferry/claimcheck"
+	"github.com/ferryhq/ferry/ops"
 )
 
 func newClaimCheckCmd() *cobra.Command {
@@ -62,12 +64,23 @@ writes an audit row (--reason is required, --actor defaults to $USER).`,
 				return err
 			}
 			defer s.Close()
-			res, err := o.SweepClaimChecks(cmd.Context(), st, opts, af.approval())
+			var counts claimcheck.SweepResult
+			sweep := func(ctx context.Context, exists func(context.Context, string) (bool, error), dry bool) (int, int, error) {
+				o := opts
+				o.DryRun = dry
+				r, err := st.Sweep(ctx, exists, o)
+				counts = r
+				return r.Orphans, r.Deleted, err
+			}
+			res, err := o.SweepClaimChecks(cmd.Context(), sweep, map[string]any{"grace": opts.Grace.String(), "retention": opts.Retention.String()}, af.approval())
 			if err != nil {
 				return err
 			}
 			if f.json {
-				return printJSON(cmd.OutOrStdout(), res)
+				return printJSON(cmd.OutOrStdout(), struct {
+					ops.ClaimCheckSweep
+					Blobs claimcheck.SweepResult `json:"blobs"`
+				}{res, counts})
 			}
 			w := cmd.OutOrStdout()
 			if res.DryRun {
@@ -76,7 +89,7 @@ writes an audit row (--reason is required, --actor defaults to $USER).`,
 				fmt.Fprintf(w, "%s: %d orphaned blob(s) deleted (audit #%d)\n", res.Action, res.Deleted, res.AuditID)
 			}
 			fmt.Fprintf(w, "  listed %d, referenced %d (kept), inside the grace period %d (kept), past the retention %d (kept)\n",
-				res.Listed, res.Referenced, res.Young, res.Old)
+				counts.Listed, counts.Referenced, counts.Young, counts.Old)
 			return nil
 		},
 	}
