@@ -20,6 +20,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/partition"
 )
 
 //go:embed migrations
@@ -54,10 +55,49 @@ type Status struct {
 	Pending []Migration
 }
 
+// Option changes how migrations are rendered or applied.
+type Option func(*options)
+
+type options struct {
+	partitionInterval time.Duration // 0: a plain outbox table
+}
+
+// WithPartitionedOutbox creates the outbox as a table partitioned by
+// created_at in ranges of interval (Postgres only; e.g. 24h), so cleanup
+// drops whole partitions instead of deleting rows (docs/PARTITIONING.md).
+// It takes effect when the outbox is created, i.e. with migration 0001:
+// given to Up for a database whose outbox is already a plain table, Up
+// refuses with a *ferry.ConfigError. Up also creates the first partitions
+// (partition.DefaultAhead beyond the current one); the relay and cleanup
+// keep creating them ahead.
+func WithPartitionedOutbox(interval time.Duration) Option {
+	return func(o *options) { o.partitionInterval = interval }
+}
+
+func buildOptions(dialect driver.Dialect, opts []Option) (options, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.partitionInterval != 0 {
+		if dialect != driver.Postgres {
+			return o, &ferry.ConfigError{Field: "partitioned_outbox", Reason: fmt.Sprintf("a partitioned outbox is supported on Postgres only, not %s", dialect)}
+		}
+		if err := partition.CheckInterval("partitioned_outbox", o.partitionInterval); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
 // Load returns every migration shipped for dialect, rendered for tables,
 // in version order.
-func Load(dialect driver.Dialect, tables ferry.Tables) ([]Migration, error) {
+func Load(dialect driver.Dialect, tables ferry.Tables, opts ...Option) ([]Migration, error) {
 	if err := tables.Check(); err != nil {
+		return nil, err
+	}
+	o, err := buildOptions(dialect, opts)
+	if err != nil {
 		return nil, err
 	}
 	if dialect == driver.SQLite && tables.Schema != "" {
@@ -69,7 +109,7 @@ func Load(dialect driver.Dialect, tables ferry.Tables) ([]Migration, error) {
 		return nil, fmt.Errorf("migrate: no migrations for dialect %q: %w", dialect, err)
 	}
 	funcs := template.FuncMap{}
-	data := names{t: tables, mysql: dialect == driver.MySQL}
+	data := names{t: tables, mysql: dialect == driver.MySQL, Partitioned: o.partitionInterval != 0}
 	var out []Migration
 	for _, e := range entries {
 		base := strings.TrimSuffix(e.Name(), ".sql")
@@ -108,6 +148,8 @@ func Load(dialect driver.Dialect, tables ferry.Tables) ([]Migration, error) {
 type names struct {
 	t     ferry.Tables
 	mysql bool
+	// Partitioned: {{if .Partitioned}} renders the partitioned outbox.
+	Partitioned bool
 }
 
 func (n names) T(base string) string    { return n.quote(n.t.Name(base)) }
@@ -123,8 +165,11 @@ func (n names) quote(s string) string {
 
 // SQL returns the DDL of every migration for dialect, for pasting into
 // another migration tool. It does not include Ferry's own version table.
-func SQL(dialect driver.Dialect, tables ferry.Tables) (string, error) {
-	ms, err := Load(dialect, tables)
+//
+// With WithPartitionedOutbox the DDL creates no partition: create them
+// with `ferry migrate up` (or let the relay do it) before the first write.
+func SQL(dialect driver.Dialect, tables ferry.Tables, opts ...Option) (string, error) {
+	ms, err := Load(dialect, tables, opts...)
 	if err != nil {
 		return "", err
 	}
@@ -156,11 +201,12 @@ func SQL(dialect driver.Dialect, tables ferry.Tables) (string, error) {
 // its own, so there Up applies a migration statement by statement and
 // records its version when all of them ran; see [upMySQL] for how a crash
 // in between is recovered.
-func Up(ctx context.Context, db DB, tables ferry.Tables) ([]Migration, error) {
-	ms, err := Load(db.Dialect(), tables)
+func Up(ctx context.Context, db DB, tables ferry.Tables, opts ...Option) ([]Migration, error) {
+	ms, err := Load(db.Dialect(), tables, opts...)
 	if err != nil {
 		return nil, err
 	}
+	o, _ := buildOptions(db.Dialect(), opts) // checked by Load
 	if db.Dialect() == driver.MySQL {
 		return upMySQL(ctx, db, tables, ms)
 	}
@@ -194,10 +240,45 @@ func Up(ctx context.Context, db DB, tables ferry.Tables) ([]Migration, error) {
 		}
 		ran = append(ran, m)
 	}
+	if err := ensurePartitions(ctx, tx, tables, o); err != nil {
+		return nil, err
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("migrate: commit: %w", err)
 	}
 	return ran, nil
+}
+
+// ensurePartitions checks that the outbox is partitioned when asked and
+// creates the partitions it needs from now on. A partitioned outbox gets
+// its partitions created ahead by every Up, asked or not.
+func ensurePartitions(ctx context.Context, tx driver.Tx, tables ferry.Tables, o options) error {
+	if tx.Dialect() != driver.Postgres {
+		return nil
+	}
+	parted, err := partition.IsPartitioned(ctx, tx, tables)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if !parted {
+		if o.partitionInterval != 0 {
+			return &ferry.ConfigError{Field: "partitioned_outbox",
+				Reason: "the outbox already exists as a plain table; a partitioned outbox is chosen when the outbox is first created (see docs/PARTITIONING.md)"}
+		}
+		return nil
+	}
+	parts, err := partition.List(ctx, tx, tables)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if w, ok := partition.Interval(parts); ok && o.partitionInterval != 0 && w != o.partitionInterval {
+		return &ferry.ConfigError{Field: "partitioned_outbox",
+			Reason: fmt.Sprintf("the outbox is partitioned by %s, not %s; the interval is fixed when the outbox is created", w, o.partitionInterval)}
+	}
+	if _, err := partition.Ensure(ctx, tx, tables, time.Now(), o.partitionInterval, partition.DefaultAhead); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
 }
 
 // CurrentStatus reports which migrations are applied and which are pending.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/partition"
 )
 
 // Window is the replay/redelivery window that cleanup must not undercut.
@@ -182,7 +183,15 @@ type CleanupResult struct {
 	ArchiveLocation string `json:"archive,omitempty"`
 	// Skipped names tables that are not installed (e.g. no inbox yet).
 	Skipped []string `json:"skipped,omitempty"`
-	AuditID int64    `json:"audit_id,omitempty"`
+	// OutboxPartitions lists, for a partitioned outbox, every partition
+	// that ended before the retention's cutoff: dropped (on a dry run:
+	// would be), or kept with the reason. OutboxPartitionRows sums the
+	// dropped partitions' estimated row counts.
+	OutboxPartitions    []PartitionDrop `json:"outbox_partitions,omitempty"`
+	OutboxPartitionRows int64           `json:"outbox_partition_rows_estimate,omitempty"`
+	// PartitionsCreated names the outbox partitions cleanup created ahead.
+	PartitionsCreated []string `json:"partitions_created,omitempty"`
+	AuditID           int64    `json:"audit_id,omitempty"`
 }
 
 func (c *CleanupOptions) normalise() error {
@@ -268,6 +277,19 @@ func (o *Ops) cleanup(ctx context.Context, opts CleanupOptions, a Approval, audi
 		res.ArchiveLocation = opts.Archive.Location()
 	}
 	now := o.now()
+	parted, err := partition.IsPartitioned(ctx, o.db.Executor(), o.cfg.tables)
+	if err != nil {
+		return res, fmt.Errorf("ops: cleanup: %w", err)
+	}
+	// A partitioned outbox drops whole partitions instead of deleting
+	// their rows. With an archive the rows are archived and deleted by the
+	// batches below first (an archive takes rows, not tables), and the
+	// partitions they emptied are dropped after.
+	if parted && opts.Archive == nil {
+		if err := o.dropPartitions(ctx, opts, now, !a.Approve, &res); err != nil {
+			return res, err
+		}
+	}
 	for _, tgt := range o.cleanupTargets(ctx, opts, now, &res) {
 		if tgt.skip {
 			continue
@@ -282,8 +304,13 @@ func (o *Ops) cleanup(ctx context.Context, opts CleanupOptions, a Approval, audi
 			return res, err
 		}
 	}
-	total := res.Outbox + res.Discarded + res.Inbox + res.ResolvedParked + res.Effects
-	if a.Approve && (total > 0 || auditEmpty) {
+	if parted && opts.Archive != nil {
+		if err := o.dropPartitions(ctx, opts, now, !a.Approve, &res); err != nil {
+			return res, err
+		}
+	}
+	total := res.Outbox + res.Discarded + res.Inbox + res.ResolvedParked + res.Effects + res.OutboxPartitionRows
+	if a.Approve && (total > 0 || auditEmpty || len(res.PartitionsCreated) > 0) {
 		// Rows already deleted are audited even if ctx ended meanwhile.
 		actx := context.WithoutCancel(ctx)
 		err := o.inTx(actx, func(tx driver.Tx) error {
@@ -404,4 +431,71 @@ func (o *Ops) deleteBatches(ctx context.Context, t cleanupTarget, opts CleanupOp
 		}
 	}
 	return total, batches, nil
+}
+
+// PartitionDrop is cleanup's verdict on one outbox partition.
+type PartitionDrop struct {
+	Name string    `json:"name"`
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+	// Dropped: detached and dropped (on a dry run: would be).
+	Dropped bool `json:"dropped"`
+	// RowsEstimate is the planner's estimate (pg_class.reltuples).
+	RowsEstimate int64 `json:"rows_estimate"`
+	// Kept says why a partition past the cutoff stays.
+	Kept string `json:"kept,omitempty"`
+}
+
+// dropPartitions creates the outbox partitions ahead and drops each
+// partition that ended before now-Retention and whose every row is sent
+// and was published before then (discarded dead letters too with
+// IncludeDiscarded), checked under the partition's lock (partition.Drop).
+// The retention was checked against the replay window before.
+func (o *Ops) dropPartitions(ctx context.Context, opts CleanupOptions, now time.Time, dryRun bool, res *CleanupResult) error {
+	if !dryRun {
+		created, err := partition.Ensure(ctx, o.db.Executor(), o.cfg.tables, now, 0, partition.DefaultAhead)
+		if err != nil {
+			return fmt.Errorf("ops: cleanup: %w", err)
+		}
+		res.PartitionsCreated = append(res.PartitionsCreated, created...)
+	}
+	parts, err := partition.List(ctx, o.db.Executor(), o.cfg.tables)
+	if err != nil {
+		return fmt.Errorf("ops: cleanup: %w", err)
+	}
+	g := partition.Guard{Cutoff: now.Add(-opts.Retention)}
+	if opts.IncludeDiscarded {
+		g.DiscardedBefore = &g.Cutoff
+	}
+	for _, p := range parts {
+		if p.To.After(g.Cutoff) {
+			break // in bound order: the rest end later
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		v, err := partition.Drop(ctx, o.db, o.cfg.tables, p, g, dryRun)
+		if err != nil {
+			// A lock not granted in time (a long transaction on the outbox)
+			// leaves the partition for the next run; anything else stops.
+			if isLockTimeout(err) {
+				v.Kept = "its lock was not granted within " + partition.LockTimeout.String() + "; retried at the next run"
+				o.cfg.log.WarnContext(ctx, "outbox partition not dropped: lock timeout", "partition", p.Name)
+			} else {
+				return fmt.Errorf("ops: cleanup: %w", err)
+			}
+		}
+		res.OutboxPartitions = append(res.OutboxPartitions, PartitionDrop{Name: v.Name, From: v.From, To: v.To,
+			Dropped: v.Dropped, RowsEstimate: v.RowsEstimate, Kept: v.Kept})
+		if v.Dropped {
+			res.OutboxPartitionRows += v.RowsEstimate
+		}
+	}
+	return nil
+}
+
+// isLockTimeout reports Postgres' lock_not_available (55P03).
+func isLockTimeout(err error) bool {
+	var coded interface{ SQLState() string }
+	return errors.As(err, &coded) && coded.SQLState() == "55P03"
 }

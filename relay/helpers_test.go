@@ -26,6 +26,7 @@ import (
 	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
+	"github.com/ferryhq/ferry/internal/partition"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
@@ -63,6 +64,7 @@ var serverStores = []struct {
 	new  func(t testing.TB, shards int, extra ...outbox.Option) *store
 }{
 	{"postgres", newPGStore},
+	{"postgres-partitioned", newPGPartitionedStore},
 	{"mysql", newMySQLStore},
 }
 
@@ -102,10 +104,27 @@ func writerOpts(shards int, extra ...outbox.Option) []outbox.Option {
 
 func newPGStore(t testing.TB, shards int, extra ...outbox.Option) *store {
 	t.Helper()
+	return newPGStoreMigrated(t, shards, nil, extra...)
+}
+
+// newPGPartitionedStore is newPGStore with the outbox partitioned by
+// created_at (migrate.WithPartitionedOutbox), in hourly partitions.
+func newPGPartitionedStore(t testing.TB, shards int, extra ...outbox.Option) *store {
+	t.Helper()
+	s := newPGStoreMigrated(t, shards, []migrate.Option{migrate.WithPartitionedOutbox(time.Hour)}, extra...)
+	parts, err := partition.List(context.Background(), s.db.Executor(), ferry.Tables{})
+	if err != nil || len(parts) < partition.DefaultAhead {
+		t.Fatalf("partitioned outbox: %d partitions, %v", len(parts), err)
+	}
+	return s
+}
+
+func newPGStoreMigrated(t testing.TB, shards int, mopts []migrate.Option, extra ...outbox.Option) *store {
+	t.Helper()
 	s := testenv.NewPostgresSchema(t)
 	drv := pgxv5.New(s.Pool)
 	ctx := context.Background()
-	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
+	if _, err := migrate.Up(ctx, drv, ferry.Tables{}, mopts...); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	w, err := outbox.New(drv, writerOpts(shards, extra...)...)

@@ -42,6 +42,9 @@ const (
 	DefaultMaxAttempts  = 25
 	DefaultProbeBase    = 200 * time.Millisecond
 	DefaultProbeMax     = 10 * time.Second
+	// DefaultPartitionMaintenance: how often a relay creates the
+	// partitions of a partitioned outbox ahead (see WithPartitionMaintenance).
+	DefaultPartitionMaintenance = 10 * time.Minute
 	// DefaultPublishTimeout bounds one batch's publish (all acks).
 	DefaultPublishTimeout = 30 * time.Second
 	// MaxBatchSize bounds WithBatchSize (and WithPublishRate's burst,
@@ -93,7 +96,8 @@ type config struct {
 	clock          func() time.Time // WithClock; nil: time.Now
 	publishRate    float64          // WithPublishRate: events/s, 0 = unlimited
 	publishBurst   int
-	tenantShare    int // WithTenantShare: rows per tenant per shard per claim, 0 = off
+	tenantShare    int           // WithTenantShare: rows per tenant per shard per claim, 0 = off
+	partitionEvery time.Duration // WithPartitionMaintenance
 
 	// Test hooks (unexported; only this package's tests set them).
 	noFence         bool         // negative control: drop the fence from marks
@@ -249,6 +253,16 @@ func WithPublishRate(eventsPerSecond float64, burst int) Option {
 // claimed in id order whatever their tenant.
 func WithTenantShare(n int) Option { return func(c *config) { c.tenantShare = n } }
 
+// WithPartitionMaintenance sets how often the relay makes sure the
+// partitions of a partitioned outbox (migrate.WithPartitionedOutbox)
+// exist ahead of the producers' writes (default
+// DefaultPartitionMaintenance; it also runs when the relay starts). On a
+// plain outbox it does nothing. Every relay of a deployment runs it;
+// creating a partition is idempotent.
+func WithPartitionMaintenance(every time.Duration) Option {
+	return func(c *config) { c.partitionEvery = every }
+}
+
 // WithFaults installs fault hooks (tests, `ferry prove`).
 func WithFaults(f Faults) Option { return func(c *config) { c.faults = f } }
 
@@ -266,6 +280,7 @@ func defaultConfig() config {
 		maxAttempts:    DefaultMaxAttempts,
 		deadPolicy:     DeadHold,
 		workers:        DefaultWorkers,
+		partitionEvery: DefaultPartitionMaintenance,
 	}
 }
 
@@ -316,6 +331,8 @@ func (c *config) check() error {
 		return bad("publish_burst", "needs a publish rate > 0, got burst %d with rate 0", c.publishBurst)
 	case c.tenantShare < 0 || c.tenantShare > MaxBatchSize:
 		return bad("tenant_share", "must be in 0..%d (0 = off), got %d", MaxBatchSize, c.tenantShare)
+	case c.partitionEvery < 100*time.Millisecond:
+		return bad("partition_maintenance", "must be at least 100ms, got %s", c.partitionEvery)
 	case len(c.instance) > 200:
 		return bad("instance_id", "must be at most 200 bytes, got %d", len(c.instance))
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/internal/backoff"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/partition"
 )
 
 // DB is what the relay needs from a store: the dialect, statements on the
@@ -306,6 +307,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.listen(inner)
 		}()
 	}
+	if r.q.partitioned {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.partitionLoop(inner)
+		}()
+	}
 	wg.Wait()
 
 	r.mu.Lock()
@@ -351,9 +359,20 @@ func (r *Relay) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: inspect outbox columns: %w", err)
 	}
+	parted, err := partition.IsPartitioned(ctx, exec, r.cfg.tables)
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
 	if q, err := newQueries(r.db.Dialect(), r.cfg.tables, r.cfg.deadPolicy,
-		queryOpts{noFence: r.cfg.noFence, syncMarks: r.cfg.syncMarks, discarded: cols > 0, tenantShare: r.cfg.tenantShare}); err == nil {
+		queryOpts{noFence: r.cfg.noFence, syncMarks: r.cfg.syncMarks, discarded: cols > 0, tenantShare: r.cfg.tenantShare,
+			partitioned: parted}); err == nil {
 		r.q = q
+	}
+	if parted {
+		// Before the first claim: producers must never find no partition.
+		if err := r.ensurePartitions(ctx); err != nil {
+			return err
+		}
 	}
 	rows, err = exec.Query(ctx, r.q.checkShards, r.cfg.shards)
 	if err != nil {
@@ -490,3 +509,34 @@ func (r *Relay) setBreaker(s BreakerState) bool {
 
 // sleep waits d or until ctx is done; it reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool { return backoff.Sleep(ctx, d) }
+
+// ensurePartitions creates the partitions of a partitioned outbox that the
+// next partition.DefaultAhead intervals need.
+func (r *Relay) ensurePartitions(ctx context.Context) error {
+	created, err := partition.Ensure(ctx, r.db.Executor(), r.cfg.tables, time.Now(), 0, partition.DefaultAhead)
+	if err != nil {
+		return fmt.Errorf("relay: create outbox partitions ahead: %w", err)
+	}
+	if len(created) > 0 {
+		r.log.InfoContext(ctx, "outbox partitions created ahead", "partitions", created)
+	}
+	return nil
+}
+
+// partitionLoop keeps the partitions ahead while the relay runs. A failure
+// is logged and retried at the next tick: the partitions made earlier
+// cover DefaultAhead intervals, so one failed tick costs nothing.
+func (r *Relay) partitionLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.partitionEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := r.ensurePartitions(ctx); err != nil && ctx.Err() == nil {
+			r.log.WarnContext(ctx, "outbox partition maintenance failed; retried at the next tick", logattr.Err(err))
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
@@ -19,7 +20,8 @@ import (
 // Postgres, json_each on SQLite), so a whole batch is marked in one
 // statement with the same SQL in both dialects.
 type queries struct {
-	dialect driver.Dialect
+	dialect     driver.Dialect
+	partitioned bool // see queryOpts.partitioned
 
 	hasDiscarded    string
 	checkShards     string
@@ -55,6 +57,11 @@ type queryOpts struct {
 	// tenantShare (WithTenantShare): at most this many rows per tenant per
 	// shard in one claim; 0 = off.
 	tenantShare int
+	// partitioned: the outbox is partitioned by created_at (Postgres,
+	// migrate.WithPartitionedOutbox). The claim reads created_at and the
+	// marks match on it, so each row's update is pruned at run time to its
+	// own partition instead of probing every partition's primary key.
+	partitioned bool
 }
 
 func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts) (*queries, error) {
@@ -66,7 +73,8 @@ func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts
 	case driver.Postgres:
 		now = "now()"
 		plus = func(s string) string { return "now() + make_interval(secs => " + s + ")" }
-		types := map[string]string{"id": "bigint", "fence": "bigint", "receipt": "text", "delay": "float8", "dead": "boolean", "err": "text", "charge": "int"}
+		types := map[string]string{"id": "bigint", "fence": "bigint", "receipt": "text", "delay": "float8", "dead": "boolean", "err": "text", "charge": "int",
+			"created_at": "timestamptz"}
 		rowsOf = func(p string, cols ...string) string {
 			defs := make([]string, len(cols))
 			for i, c := range cols {
@@ -92,7 +100,7 @@ func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts
 		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", d)}
 	}
 	outbox, leases, inst := t.Name("outbox"), t.Name("relay_leases"), t.Name("relay_instances")
-	q := &queries{dialect: d}
+	q := &queries{dialect: d, partitioned: o.partitioned}
 
 	q.hasDiscarded = fmt.Sprintf(`SELECT count(*) FROM information_schema.columns
 WHERE table_name = '%s' AND column_name = 'discarded_at' AND table_schema = %s`, t.Bare("outbox"), "current_schema()")
@@ -171,6 +179,9 @@ RETURNING shard, fence`, leases, plus("$2"), now, lock)
 	cols := `o.id, o.event_id, o.tenant_id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_type, o.schema_version,
     o.topic, o.shard, o.content_type, o.payload, o.occurred_at, o.traceparent, o.correlation_id, o.causation_id,
     o.principal, o.action, o.target, o.attempts`
+	if o.partitioned {
+		cols += ", o.created_at"
+	}
 	// On Postgres the shard is bounded by row comparisons on (shard, id)
 	// and the rows ordered by (shard, id), not pinned by equality and
 	// ordered by id: with "shard = s.shard" the planner drops shard from
@@ -234,16 +245,22 @@ SELECT %[7]s FROM %[8]s (
 			fence = "CAST($1 AS CHAR) = CAST($1 AS CHAR)"
 		}
 	}
+	sentCols, failedCols := []string{"id", "fence", "receipt"}, []string{"id", "fence", "delay", "dead", "err", "charge"}
+	byKey := "%[1]s.id = m.id"
+	if o.partitioned {
+		sentCols, failedCols = append(sentCols, "created_at"), append(failedCols, "created_at")
+		byKey = "%[1]s.id = m.id AND %[1]s.created_at = m.created_at"
+	}
 	q.markSent = fmt.Sprintf(`%[6]sUPDATE %[1]s SET status = 'sent', published_at = %[2]s, broker_receipt = m.receipt
 FROM %[3]s%[5]s
-WHERE %[1]s.id = m.id AND %[1]s.status = 'pending' AND %[4]s`,
-		outbox, now, rowsOf("$2", "id", "fence", "receipt"), fence, async, withAsync)
+WHERE `+byKey+` AND %[1]s.status = 'pending' AND %[4]s`,
+		outbox, now, rowsOf("$2", sentCols...), fence, async, withAsync)
 	q.markFailed = fmt.Sprintf(`%[6]sUPDATE %[1]s SET attempts = %[1]s.attempts + m.charge,
     status = CASE WHEN m.dead THEN 'dead' ELSE 'pending' END,
     next_attempt_at = %[2]s, last_error = m.err
 FROM %[3]s%[5]s
-WHERE %[1]s.id = m.id AND %[1]s.status = 'pending' AND %[4]s`,
-		outbox, plus("m.delay"), rowsOf("$2", "id", "fence", "delay", "dead", "err", "charge"), fence, async, withAsync)
+WHERE `+byKey+` AND %[1]s.status = 'pending' AND %[4]s`,
+		outbox, plus("m.delay"), rowsOf("$2", failedCols...), fence, async, withAsync)
 	if d == driver.MySQL {
 		mysqlQueries(q, t, now, plus, fence)
 	}
@@ -267,6 +284,8 @@ type sentRow struct {
 	ID      int64  `json:"id"`
 	Fence   int64  `json:"fence"`
 	Receipt string `json:"receipt"`
+	// CreatedAt is the row's partition key (partitioned outbox only).
+	CreatedAt *time.Time `json:"created_at,omitempty"`
 }
 
 type failedRow struct {
@@ -278,6 +297,8 @@ type failedRow struct {
 	// Charge is the attempts the failure costs: 1, or 0 for a row held
 	// because its destination is missing (a configuration fault).
 	Charge int `json:"charge"`
+	// CreatedAt is the row's partition key (partitioned outbox only).
+	CreatedAt *time.Time `json:"created_at,omitempty"`
 }
 
 func jsonParam(v any) (string, error) {

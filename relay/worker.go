@@ -27,6 +27,9 @@ type claimed struct {
 	fence    int64
 	attempts int
 	ev       ferry.Event
+	// createdAt is the partition key of a partitioned outbox's row (nil
+	// otherwise); the marks match on it.
+	createdAt *time.Time
 }
 
 type aggKey struct{ tenant, typ, id string }
@@ -188,9 +191,14 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 			var seq, ver, shard, attempts int64
 			e := &c.ev
 			h := &e.Headers
-			if err := rows.Scan(&c.id, &eid, &e.TenantID, &e.AggregateType, &e.AggregateID, &seq, &e.EventType, &ver,
+			dest := []any{&c.id, &eid, &e.TenantID, &e.AggregateType, &e.AggregateID, &seq, &e.EventType, &ver,
 				&e.Topic, &shard, &e.ContentType, &e.Payload, &e.OccurredAt, &h.Traceparent, &h.CorrelationID, &h.CausationID,
-				&h.Principal, &h.Action, &h.Target, &attempts); err != nil {
+				&h.Principal, &h.Action, &h.Target, &attempts}
+			if r.q.partitioned {
+				c.createdAt = new(time.Time)
+				dest = append(dest, c.createdAt)
+			}
+			if err := rows.Scan(dest...); err != nil {
 				return fmt.Errorf("relay: claim: scan: %w", err)
 			}
 			id, err := uuid.Parse(eid)
@@ -354,7 +362,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		}
 		res := results[i]
 		if res.Err == nil {
-			sent = append(sent, sentRow{ID: c.id, Fence: c.fence, Receipt: res.Receipt.String()})
+			sent = append(sent, sentRow{ID: c.id, Fence: c.fence, Receipt: res.Receipt.String(), CreatedAt: c.createdAt})
 			sentIdx = append(sentIdx, i)
 			if was, d := r.missing.ok(c.ev.Topic, now); was {
 				r.log.InfoContext(pctx, "destination exists again; held events are being published", "destination", c.ev.Topic, "missing_for", d.Round(time.Millisecond))
@@ -366,7 +374,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		}
 		blocked[k] = true
 		class := broker.ClassOf(res.Err)
-		fr := failedRow{ID: c.id, Fence: c.fence, Err: class.String() + ": " + sanitize.Error(res.Err), Charge: 1}
+		fr := failedRow{ID: c.id, Fence: c.fence, Err: class.String() + ": " + sanitize.Error(res.Err), Charge: 1, CreatedAt: c.createdAt}
 		switch {
 		case errors.Is(res.Err, broker.ErrDestinationMissing):
 			// A configuration fault, not a poison event: the topic,

@@ -12,6 +12,7 @@ func newBenchCmd() *cobra.Command {
 	cmd.AddCommand(newBenchProduceCmd())
 	cmd.AddCommand(newBenchRelayCmd())
 	cmd.AddCommand(newBenchRelayStateCmd())
+	cmd.AddCommand(newBenchCleanupCmd())
 	cmd.AddCommand(newBenchConsumeCmd())
 	return cmd
 }

@@ -109,6 +109,19 @@ Previews (counts) by default; --approve deletes and writes an audit row.`,
 			if len(res.Skipped) > 0 {
 				fmt.Fprintf(w, "not installed, skipped: %s\n", strings.Join(res.Skipped, ", "))
 			}
+			for _, p := range res.OutboxPartitions {
+				what := "dropped"
+				switch {
+				case p.Dropped && res.DryRun:
+					what = "would drop"
+				case !p.Dropped:
+					what = "kept: " + p.Kept
+				}
+				fmt.Fprintf(w, "outbox partition %s [%s, %s) ~%d rows: %s\n", p.Name, p.From.Format(time.RFC3339), p.To.Format(time.RFC3339), p.RowsEstimate, what)
+			}
+			if len(res.PartitionsCreated) > 0 {
+				fmt.Fprintf(w, "outbox partitions created ahead: %s\n", strings.Join(res.PartitionsCreated, ", "))
+			}
 			return nil
 		},
 	}

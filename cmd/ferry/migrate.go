@@ -18,6 +18,7 @@ func newMigrateCmd() *cobra.Command {
 	}
 	var up, status storeFlags
 	var statusJSON bool
+	var upPartition, sqlPartition time.Duration
 	upCmd := &cobra.Command{
 		Use:   "up",
 		Short: "Apply pending migrations in one transaction",
@@ -28,9 +29,9 @@ func newMigrateCmd() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			ran, err := migrate.Up(cmd.Context(), s, up.tables())
+			ran, err := migrate.Up(cmd.Context(), s, up.tables(), partitionOpts(upPartition)...)
 			if err != nil {
-				return err
+				return relayFlagError(err)
 			}
 			if len(ran) == 0 {
 				fmt.Fprintln(cmd.OutOrStdout(), "schema is current; nothing to apply")
@@ -42,6 +43,8 @@ func newMigrateCmd() *cobra.Command {
 		},
 	}
 	up.register(upCmd)
+	upCmd.Flags().DurationVar(&upPartition, "partition-outbox", 0,
+		"create the outbox partitioned by created_at in ranges of this length, e.g. 24h (Postgres; only when the outbox is first created; docs/PARTITIONING.md)")
 	statusCmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show applied and pending migrations",
@@ -106,9 +109,9 @@ func newMigrateCmd() *cobra.Command {
 			if d != driver.Postgres && d != driver.SQLite && d != driver.MySQL {
 				return fmt.Errorf("--dialect must be postgres, mysql or sqlite, got %q", dialect)
 			}
-			ddl, err := migrate.SQL(d, sqlFlags.tables())
+			ddl, err := migrate.SQL(d, sqlFlags.tables(), partitionOpts(sqlPartition)...)
 			if err != nil {
-				return err
+				return relayFlagError(err)
 			}
 			fmt.Fprint(cmd.OutOrStdout(), ddl)
 			return nil
@@ -117,6 +120,16 @@ func newMigrateCmd() *cobra.Command {
 	sqlCmd.Flags().StringVar(&dialect, "dialect", "postgres", "postgres, mysql (MySQL 8 / MariaDB 10.6+) or sqlite")
 	sqlCmd.Flags().StringVar(&sqlFlags.schema, "schema", "", "Postgres schema (MySQL: database) of Ferry's tables")
 	sqlCmd.Flags().StringVar(&sqlFlags.prefix, "table-prefix", "ferry_", "prefix of Ferry's table names")
+	sqlCmd.Flags().DurationVar(&sqlPartition, "partition-outbox", 0,
+		"print the partitioned outbox's DDL (Postgres; partitions are made by `ferry migrate up`, the relay and cleanup)")
 	cmd.AddCommand(upCmd, statusCmd, sqlCmd)
 	return cmd
+}
+
+// partitionOpts turns --partition-outbox into migrate options.
+func partitionOpts(d time.Duration) []migrate.Option {
+	if d == 0 {
+		return nil
+	}
+	return []migrate.Option{migrate.WithPartitionedOutbox(d)}
 }

@@ -604,6 +604,8 @@ var relayOptionFlags = map[string]string{
 	"listener":        "--notify-channel",
 	"tables.schema":   "--schema",
 	"tables.prefix":   "--table-prefix",
+	// ferry migrate up / sql
+	"partitioned_outbox": "--partition-outbox",
 }
 
 // relayFlagError restates a relay configuration error in terms of the flag

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -39,6 +40,10 @@ type Fill struct {
 	// MarkedColumn, when set, is set to now() on them (a HOT design).
 	MarkedStatus bool
 	MarkedColumn string
+	// At, when set, is every row's created_at and occurred_at (and the
+	// marked rows' published_at) instead of now(): rows of a past day,
+	// e.g. for cleanup (bench cleanup).
+	At time.Time
 }
 
 // Prefill writes f's rows into the outbox of t.
@@ -66,6 +71,10 @@ func (f Fill) insert(t ferry.Tables) (string, []any, error) {
 		return "", nil, fmt.Errorf("statebench: fill: aggregates >= 1, payload >= 2 bytes, rows >= 0 (got %+v)", f)
 	}
 	prefix := f.prefix()
+	at := any(nil) // now()
+	if !f.At.IsZero() {
+		at = f.At.UTC()
+	}
 	shards := make([]int32, f.Aggregates)
 	for i := range shards {
 		shards[i] = int32(ferry.ShardFor("bench", "order", prefix+strconv.Itoa(i), ferry.DefaultShardCount))
@@ -76,19 +85,19 @@ func (f Fill) insert(t ferry.Tables) (string, []any, error) {
 	extraCol, extraVal := "", ""
 	if f.MarkedStatus {
 		status = "CASE WHEN g < $7 THEN 'sent' ELSE 'pending' END"
-		published, receipt = "CASE WHEN g < $7 THEN now() END", "CASE WHEN g < $7 THEN 'bench' ELSE '' END"
+		published, receipt = "CASE WHEN g < $7 THEN coalesce($11::timestamptz, now()) END", "CASE WHEN g < $7 THEN 'bench' ELSE '' END"
 	} else if f.MarkedColumn != "" {
-		extraCol, extraVal = ", "+pgQuote(f.MarkedColumn), ", CASE WHEN g < $7 THEN now() END"
+		extraCol, extraVal = ", "+pgQuote(f.MarkedColumn), ", CASE WHEN g < $7 THEN coalesce($11::timestamptz, now()) END"
 	}
 	sql := fmt.Sprintf(`INSERT INTO %s (event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
-    schema_version, topic, shard, shard_count, content_type, payload, occurred_at, status, published_at, broker_receipt%s)
+    schema_version, topic, shard, shard_count, content_type, payload, occurred_at, created_at, status, published_at, broker_receipt%s)
 SELECT (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
-    'bench', 'order', $10 || (g %% $1), g / $1 + 1, 'order.changed', 1, $2, ($3::int[])[g %% $1 + 1], $4, $5, $6, now(),
+    'bench', 'order', $10 || (g %% $1), g / $1 + 1, 'order.changed', 1, $2, ($3::int[])[g %% $1 + 1], $4, $5, $6, coalesce($11::timestamptz, now()), coalesce($11::timestamptz, now()),
     %s, %s, %s%s
 FROM generate_series(0, $8::bigint - 1) g, LATERAL md5(g::text || $9) h
 WHERE $7::bigint >= 0`, t.Name("outbox"), extraCol, status, published, receipt, extraVal)
 	return sql, []any{f.Aggregates, f.Topic, shards, ferry.DefaultShardCount, ferry.DefaultContentType,
-		payload, f.Marked, f.Marked + f.Pending, strconv.Itoa(len(prefix)) + prefix, prefix}, nil
+		payload, f.Marked, f.Marked + f.Pending, strconv.Itoa(len(prefix)) + prefix, prefix, at}, nil
 }
 
 // fillSequences writes the producer's per-aggregate sequence rows for the

@@ -34,6 +34,10 @@ var (
 	// configured name does not fit (publishes other tables, not pgoutput,
 	// another database). Run stops: guessing would publish the wrong rows.
 	ErrPublicationMismatch = errors.New("cdc: publication or slot does not match the outbox")
+	// ErrPartitionedOutbox: the outbox is partitioned
+	// (migrate.WithPartitionedOutbox), which the CDC relay does not
+	// support yet; Run stops before creating a publication or slot.
+	ErrPartitionedOutbox = errors.New("cdc: partitioned outbox not supported")
 )
 
 // Role is what a relay is doing with its slot.
@@ -217,7 +221,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrPublicationMismatch) {
+		if errors.Is(err, ErrPublicationMismatch) || errors.Is(err, ErrPartitionedOutbox) {
 			return err
 		}
 		r.log.WarnContext(ctx, "cdc: cannot resolve outbox table, retrying", logattr.Err(err))
@@ -254,7 +258,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				return nil
 			}
 			continue
-		case errors.Is(err, ErrPublicationMismatch), errors.Is(err, ferry.ErrInvalidConfig):
+		case errors.Is(err, ErrPublicationMismatch), errors.Is(err, ErrPartitionedOutbox), errors.Is(err, ferry.ErrInvalidConfig):
 			r.setError(err)
 			return err
 		}

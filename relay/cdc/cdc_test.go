@@ -15,6 +15,8 @@ import (
 	"github.com/ferryhq/ferry/internal/testenv"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/relay/cdc"
 )
 
@@ -207,6 +209,32 @@ func TestPublicationMismatchStops(t *testing.T) {
 	}
 	if r.Status().Role != cdc.RoleStopped {
 		t.Fatalf("role after Run: %s", r.Status().Role)
+	}
+}
+
+// A partitioned outbox (migrate.WithPartitionedOutbox) is refused before
+// any publication or slot is made: the CDC relay does not support one yet.
+func TestPartitionedOutboxRefused(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.NewPostgresSchema(t)
+	tables := ferry.Tables{Schema: s.Schema}
+	if _, err := migrate.Up(ctx, pgxv5.New(s.Pool), tables, migrate.WithPartitionedOutbox(24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessOn(t, s)
+	k := startKafka(t)
+	r, err := cdc.New(h.s.URL, k.publisher(), h.relayOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := r.Run(rctx); !errors.Is(err, cdc.ErrPartitionedOutbox) {
+		t.Fatalf("Run = %v, want ErrPartitionedOutbox", err)
+	}
+	var pubs int
+	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, h.pub).Scan(&pubs); err != nil || pubs != 0 {
+		t.Fatalf("publications made: %d %v", pubs, err)
 	}
 }
 

@@ -1,7 +1,16 @@
 -- The outbox: one row per event, written in the producer's transaction.
 -- Column names map onto Debezium's Outbox Event Router (docs/DEBEZIUM.md).
+--
+-- Partitioned (migrate.WithPartitionedOutbox, docs/PARTITIONING.md): range
+-- partitions of created_at, created ahead by migrate, the relay and
+-- cleanup. Postgres requires every unique constraint of a partitioned
+-- table to include the partition key, so there the primary key, the
+-- event id and the aggregate sequence are unique per created_at: ids come
+-- from the identity and event ids are UUIDv7s (unique in practice); the
+-- aggregate sequence stays unique because the producer allocates it under
+-- the aggregate_seq row lock below, which this constraint only backs up.
 CREATE TABLE {{.T "outbox"}} (
-    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id              bigint GENERATED ALWAYS AS IDENTITY{{if not .Partitioned}} PRIMARY KEY{{end}},
     event_id        uuid        NOT NULL,
     tenant_id       text        NOT NULL,
     aggregate_type  text        NOT NULL,
@@ -29,9 +38,16 @@ CREATE TABLE {{.T "outbox"}} (
     last_error      text        NOT NULL DEFAULT '',
     published_at    timestamptz,
     broker_receipt  text        NOT NULL DEFAULT '',
+{{- if .Partitioned}}
+    CONSTRAINT {{.I "outbox_pkey"}} PRIMARY KEY (id, created_at),
+    CONSTRAINT {{.I "outbox_event_id_key"}} UNIQUE (event_id, created_at),
+    CONSTRAINT {{.I "outbox_aggregate_seq_key"}} UNIQUE (tenant_id, aggregate_type, aggregate_id, aggregate_seq, created_at)
+) PARTITION BY RANGE (created_at);
+{{- else}}
     CONSTRAINT {{.I "outbox_event_id_key"}} UNIQUE (event_id),
     CONSTRAINT {{.I "outbox_aggregate_seq_key"}} UNIQUE (tenant_id, aggregate_type, aggregate_id, aggregate_seq)
 );
+{{- end}}
 
 -- The relay's claim: pending rows of a shard, due now, oldest first.
 CREATE INDEX {{.I "outbox_pending_idx"}} ON {{.T "outbox"}} (shard, next_attempt_at, id) WHERE status = 'pending';
