@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
+	"github.com/ferryhq/ferry/internal/partition"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/ops"
@@ -63,9 +65,24 @@ type env struct {
 
 func newEnv(t testing.TB, dialect string, cfg console.Config) *env {
 	t.Helper()
-	if dialect == "postgres" {
+	if dialect == "postgres" || dialect == "postgres-partitioned" {
 		s := testenv.NewPostgresSchema(t)
-		e := setup(t, dialect, pgxv5.New(s.Pool), cfg)
+		if dialect == "postgres-partitioned" {
+			// Daily partitions from 5 days back (the scale fill's rows
+			// are up to a few days old) to the ones migrate makes ahead.
+			ctx := context.Background()
+			drv := pgxv5.New(s.Pool)
+			if _, err := migrate.Up(ctx, drv, ferry.Tables{}, migrate.WithPartitionedOutbox(24*time.Hour)); err != nil {
+				t.Fatalf("migrate: %v", err)
+			}
+			today := time.Now().UTC().Truncate(24 * time.Hour)
+			for d := 5; d >= 1; d-- {
+				if _, err := partition.Create(ctx, drv.Executor(), ferry.Tables{}, today.Add(-time.Duration(d)*24*time.Hour), 24*time.Hour); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		e := setup(t, "postgres", pgxv5.New(s.Pool), cfg)
 		e.pg = s
 		return e
 	}

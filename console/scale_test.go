@@ -138,7 +138,13 @@ func outboxSeqScans(b testing.TB, e *env) int64 {
 // rely on the visibility map).
 func newScaleEnv(b testing.TB, rows int) *env {
 	b.Helper()
-	e := newEnv(b, "postgres", console.Config{})
+	return newScaleEnvOn(b, "postgres", rows)
+}
+
+// newScaleEnvOn is newScaleEnv on "postgres" or "postgres-partitioned".
+func newScaleEnvOn(b testing.TB, dialect string, rows int) *env {
+	b.Helper()
+	e := newEnv(b, dialect, console.Config{})
 	ctx := context.Background()
 	start := time.Now()
 	for _, q := range []string{

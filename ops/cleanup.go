@@ -444,6 +444,9 @@ type PartitionDrop struct {
 	RowsEstimate int64 `json:"rows_estimate"`
 	// Kept says why a partition past the cutoff stays.
 	Kept string `json:"kept,omitempty"`
+	// ExclusiveMillis: how long the outbox was locked exclusively for the
+	// detach and drop (lock wait included); producers wait at most this.
+	ExclusiveMillis float64 `json:"exclusive_ms,omitempty"`
 }
 
 // dropPartitions creates the outbox partitions ahead and drops each
@@ -486,7 +489,7 @@ func (o *Ops) dropPartitions(ctx context.Context, opts CleanupOptions, now time.
 			}
 		}
 		res.OutboxPartitions = append(res.OutboxPartitions, PartitionDrop{Name: v.Name, From: v.From, To: v.To,
-			Dropped: v.Dropped, RowsEstimate: v.RowsEstimate, Kept: v.Kept})
+			Dropped: v.Dropped, RowsEstimate: v.RowsEstimate, Kept: v.Kept, ExclusiveMillis: v.ExclusiveMillis})
 		if v.Dropped {
 			res.OutboxPartitionRows += v.RowsEstimate
 		}

@@ -91,6 +91,9 @@ type cleanupRound struct {
 	ProducerP99ms   float64 `json:"producer_p99_ms"`
 	ProducerMaxms   float64 `json:"producer_max_ms"`
 	Removed         int64   `json:"rows_removed"`
+	// ExclusiveMillis: partition mode, the drop's exclusive lock on the
+	// outbox (lock wait included).
+	ExclusiveMillis float64 `json:"exclusive_ms,omitempty"`
 	Load            string  `json:"load"`
 }
 
@@ -108,8 +111,8 @@ func runBenchCleanup(ctx context.Context, out io.Writer, f *benchCleanupFlags) e
 			}
 			rounds = append(rounds, res)
 			if !f.asJSON {
-				fmt.Fprintf(out, "round %d %-9s cleanup %6.2f s, WAL %s, size %s -> %s, vacuum after %5.2f s / WAL %s, producer p50 %.1f p99 %.1f max %.1f ms (%d commits), load %s\n",
-					r+1, m, res.CleanupSeconds, mib(res.CleanupWALBytes), mib(res.SizeBeforeBytes), mib(res.SizeAfterBytes),
+				fmt.Fprintf(out, "round %d %-9s cleanup %6.2f s (exclusive lock %.1f ms), WAL %s, size %s -> %s, vacuum after %5.2f s / WAL %s, producer p50 %.1f p99 %.1f max %.1f ms (%d commits), load %s\n",
+					r+1, m, res.CleanupSeconds, res.ExclusiveMillis, mib(res.CleanupWALBytes), mib(res.SizeBeforeBytes), mib(res.SizeAfterBytes),
 					res.VacuumSeconds, mib(res.VacuumWALBytes), res.ProducerP50ms, res.ProducerP99ms, res.ProducerMaxms, res.ProducerCommits, res.Load)
 			}
 		}
@@ -253,6 +256,9 @@ func benchCleanupRound(ctx context.Context, f *benchCleanupFlags, mode string) (
 	}
 	res.CleanupWALBytes = l1 - l0
 	res.Removed = cres.Outbox + cres.OutboxPartitionRows
+	for _, p := range cres.OutboxPartitions {
+		res.ExclusiveMillis += p.ExclusiveMillis
+	}
 	if res.SizeAfterBytes, err = size(); err != nil {
 		return res, err
 	}

@@ -43,6 +43,7 @@ type benchRelayFlags struct {
 	// --backlog / --table-rows: the large-table drain (bench_relay_scale.go)
 	backlog   int
 	tableRows int
+	partition time.Duration // --partition-outbox: the outbox partitioned by created_at
 	asJSON    bool
 }
 
@@ -85,6 +86,7 @@ high-water mark, producer included: an upper bound for the relay's.`,
 	fl.IntVar(&f.batch, "batch-size", relay.DefaultBatchSize, "relay batch size")
 	fl.IntVar(&f.backlog, "backlog", 0, "large-table drain instead of the default runs: pre-fill this many pending rows with one INSERT … SELECT generate_series (Postgres only)")
 	fl.IntVar(&f.tableRows, "table-rows", 0, "with --backlog: sent rows already in the outbox (ids below the backlog's)")
+	fl.DurationVar(&f.partition, "partition-outbox", 0, "with --backlog: a partitioned outbox in ranges of this length (migrate --partition-outbox)")
 	fl.BoolVar(&f.asJSON, "json", false, "with --backlog: print one JSON object")
 	return cmd
 }

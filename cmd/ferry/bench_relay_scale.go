@@ -35,16 +35,18 @@ import (
 
 // scaleReport is what the large-table drain prints (--json: as is).
 type scaleReport struct {
-	Broker     string `json:"broker"`
-	Schema     string `json:"scratch_schema"` // dropped when the bench ends
-	Backlog    int    `json:"backlog"`
-	TableRows  int    `json:"table_rows"`
-	Payload    int    `json:"payload_bytes"`
-	Aggregates int    `json:"aggregates"`
-	Workers    int    `json:"workers"`
-	Batch      int    `json:"batch_size"`
-	LoadStart  string `json:"load_start"`
-	LoadEnd    string `json:"load_end"`
+	Broker    string `json:"broker"`
+	Schema    string `json:"scratch_schema"` // dropped when the bench ends
+	Backlog   int    `json:"backlog"`
+	TableRows int    `json:"table_rows"`
+	// PartitionSeconds: the outbox's partition interval (0: a plain table).
+	PartitionSeconds float64 `json:"partition_interval_seconds,omitempty"`
+	Payload          int     `json:"payload_bytes"`
+	Aggregates       int     `json:"aggregates"`
+	Workers          int     `json:"workers"`
+	Batch            int     `json:"batch_size"`
+	LoadStart        string  `json:"load_start"`
+	LoadEnd          string  `json:"load_end"`
 
 	PrefillSeconds float64 `json:"prefill_seconds"`
 	DrainSeconds   float64 `json:"drain_seconds"`
@@ -219,9 +221,10 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 	}
 	defer drop()
 	drv := pgxv5.New(pool)
-	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
-		return err
+	if _, err := migrate.Up(ctx, drv, ferry.Tables{}, partitionOpts(f.partition)...); err != nil {
+		return relayFlagError(err)
 	}
+	rep.PartitionSeconds = f.partition.Seconds()
 	prefix := "ferrybench" + suffix
 	pub, cleanup, err := benchPublisher(ctx, f.brokerURL, prefix)
 	if err != nil {

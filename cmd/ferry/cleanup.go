@@ -110,7 +110,7 @@ Previews (counts) by default; --approve deletes and writes an audit row.`,
 				fmt.Fprintf(w, "not installed, skipped: %s\n", strings.Join(res.Skipped, ", "))
 			}
 			for _, p := range res.OutboxPartitions {
-				what := "dropped"
+				what := fmt.Sprintf("dropped (outbox locked exclusively %.1f ms)", p.ExclusiveMillis)
 				switch {
 				case p.Dropped && res.DryRun:
 					what = "would drop"

@@ -230,6 +230,10 @@ type Verdict struct {
 	RowsEstimate int64 `json:"rows_estimate"`
 	// Kept says why a partition that ended before the cutoff stays.
 	Kept string `json:"kept,omitempty"`
+	// ExclusiveMillis is how long the outbox was locked exclusively for
+	// the detach and drop: from the DETACH statement (its lock wait
+	// included) to the commit. Producers wait this long at most.
+	ExclusiveMillis float64 `json:"exclusive_ms,omitempty"`
 }
 
 // Beginner opens transactions (both Postgres drivers satisfy it).
@@ -302,6 +306,7 @@ func Drop(ctx context.Context, db Beginner, t ferry.Tables, p Part, g Guard, dry
 		v.Dropped = true // would be
 		return v, nil
 	}
+	t0 := time.Now()
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s`, t.Name("outbox"), name)); err != nil {
 		return v, fmt.Errorf("partition: detach %s: %w", p.Name, err)
 	}
@@ -311,6 +316,7 @@ func Drop(ctx context.Context, db Beginner, t ferry.Tables, p Part, g Guard, dry
 	if err := tx.Commit(ctx); err != nil {
 		return v, fmt.Errorf("partition: commit drop of %s: %w", p.Name, err)
 	}
+	v.ExclusiveMillis = float64(time.Since(t0).Microseconds()) / 1000
 	v.Dropped = true
 	return v, nil
 }
