@@ -30,20 +30,26 @@ type natsCluster struct {
 
 func startNATSCluster() (*natsCluster, error) {
 	nc := &natsCluster{proxies: map[[2]int]*faultproxy.Proxy{}}
-	c, err := natsembed.StartCluster(clusterNodes, "ferry-prove", func(from, to int, addr string) (string, error) {
-		p, err := faultproxy.New(addr)
-		if err != nil {
-			return "", err
-		}
-		nc.proxies[[2]int{from, to}] = p
-		return p.Addr(), nil
-	})
+	c, err := natsembed.StartCluster(clusterNodes, "ferry-prove", routeProxies(nc.proxies))
 	if err != nil {
 		nc.closeProxies()
 		return nil, fmt.Errorf("prove: nats cluster: %w", err)
 	}
 	nc.c = c
 	return nc, nil
+}
+
+// routeProxies is the route dialer of prove's clusters: a fault proxy per
+// ordered pair of nodes, recorded in proxies.
+func routeProxies(proxies map[[2]int]*faultproxy.Proxy) natsembed.RouteDialer {
+	return func(from, to int, addr string) (string, error) {
+		p, err := faultproxy.New(addr)
+		if err != nil {
+			return "", err
+		}
+		proxies[[2]int{from, to}] = p
+		return p.Addr(), nil
+	}
 }
 
 // isolate cuts node off from every other node: its route connections are
@@ -70,8 +76,10 @@ func (nc *natsCluster) heal(node int) {
 	}
 }
 
-func (nc *natsCluster) closeProxies() {
-	for _, p := range nc.proxies {
+func (nc *natsCluster) closeProxies() { closeProxies(nc.proxies) }
+
+func closeProxies(proxies map[[2]int]*faultproxy.Proxy) {
+	for _, p := range proxies {
 		_ = p.Close()
 	}
 }
@@ -138,7 +146,12 @@ func streamLeader(ctx context.Context, url, stream string) (string, error) {
 func waitLeader(ctx context.Context, url, stream, not string, limit time.Duration) (string, error) {
 	deadline := time.Now().Add(limit)
 	for {
-		l, err := streamLeader(ctx, url, stream)
+		// Each ask bounded: during an election a stream info request can
+		// hang for the client's whole default timeout (5 s), which would
+		// show a new leader seconds late.
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		l, err := streamLeader(actx, url, stream)
+		cancel()
 		if err == nil && l != not {
 			return l, nil
 		}
@@ -204,8 +217,9 @@ func replicasCurrent(ctx context.Context, url, stream string) (bool, string) {
 
 // Cluster faults (scenario.clusterFault).
 const (
-	clusterLeaderKill = "leader-kill"
-	clusterPartition  = "partition"
+	clusterLeaderKill    = "leader-kill"
+	clusterPartition     = "partition"
+	clusterLeaderSigkill = "leader-sigkill" // on a cluster of node processes (nodeproc_linux.go)
 )
 
 // clusterFaultHold is how long the fault lasts before the node is
@@ -221,6 +235,13 @@ const clusterFaultHold = 2 * time.Second
 // returns what happened, for the report, and an error when the fault
 // could not be placed or the cluster did not recover.
 func runClusterFault(ctx context.Context, e *env, kind string) (string, error) {
+	if kind == clusterLeaderSigkill {
+		s, ok := e.tr.(*natsStream)
+		if e.st.procs == nil || !ok {
+			return "", errors.New("prove: leader SIGKILL without a cluster of node processes")
+		}
+		return runLeaderSigkill(ctx, e.st.procs, s, &e.faults)
+	}
 	nc := e.st.cluster
 	s, ok := e.tr.(*natsStream)
 	if nc == nil || !ok {

@@ -52,7 +52,7 @@ func TestNATSCluster(t *testing.T) {
 // TestClusterScenariosNeedCluster: on the single embedded server the
 // cluster scenarios say why they cannot run instead of passing vacuously.
 func TestClusterScenariosNeedCluster(t *testing.T) {
-	rep, err := Run(context.Background(), small(WithScenarios("nats-leader-kill", "nats-partition"))...)
+	rep, err := Run(context.Background(), small(WithScenarios("nats-leader-kill", "nats-partition", "nats-leader-sigkill"))...)
 	if err != nil {
 		t.Fatal(err)
 	}

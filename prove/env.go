@@ -226,7 +226,11 @@ func (e *env) components() []string {
 	case "rabbitmq":
 		c = append(c, "ferry:broker/rabbitmq", "rabbitmq")
 	default:
-		c = append(c, "ferry:broker/natsjs", "nats-server(jetstream)")
+		if e.st.procs != nil {
+			c = append(c, "ferry:broker/natsjs", "nats-server(jetstream, 3 node processes)")
+		} else {
+			c = append(c, "ferry:broker/natsjs", "nats-server(jetstream)")
+		}
 	}
 	switch {
 	case sc.naive:

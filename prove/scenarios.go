@@ -189,6 +189,9 @@ func allScenarios() []*scenario {
 		{name: "nats-leader-kill", desc: "3-node JetStream cluster, stream at 3 replicas: the stream leader's server is shut down mid-drain and restarted; relay and consumer carry on through the leader change",
 			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, clusterFault: clusterLeaderKill, throttle: 30 * time.Millisecond,
 			notAvailable: needsNATSCluster, extra: clusterFaultBit},
+		{name: "nats-leader-sigkill", desc: "3-node JetStream cluster, every node a process of its own, stream at 3 replicas: the stream leader's process is SIGKILLed mid-drain and restarted on its store and ports; relay and consumer carry on",
+			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, clusterFault: clusterLeaderSigkill, throttle: 30 * time.Millisecond,
+			notAvailable: needsProcCluster, extra: clusterFaultBit},
 		{name: "nats-partition", desc: "3-node JetStream cluster: the stream leader is cut off from both other nodes (fault proxies on the routes) while publishing, then healed",
 			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, clusterFault: clusterPartition, throttle: 30 * time.Millisecond,
 			notAvailable: needsNATSCluster, extra: clusterFaultBit},
@@ -334,7 +337,18 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	if err != nil {
 		return Figures{}, nil, "", nil, err
 	}
-	tr, err := st.newTransport(ctx, sc.name, cfg)
+	brStack := st
+	if sc.clusterFault == clusterLeaderSigkill {
+		// The scenario's own cluster, every node a process (nodeproc_linux.go);
+		// closed after the stream is destroyed.
+		pc, err := startProcCluster(cfg.worker)
+		if err != nil {
+			return Figures{}, nil, "", nil, err
+		}
+		defer pc.close()
+		brStack = st.onProcCluster(pc)
+	}
+	tr, err := brStack.newTransport(ctx, sc.name, cfg)
 	if err != nil {
 		return Figures{}, nil, "", nil, err
 	}
@@ -346,7 +360,7 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	if err != nil {
 		return Figures{}, nil, "", nil, err
 	}
-	e := &env{cfg: cfg, sc: sc, st: st, db: db, w: w, plan: p, log: cfg.logger,
+	e := &env{cfg: cfg, sc: sc, st: brStack, db: db, w: w, plan: p, log: cfg.logger,
 		reg: prometheus.NewRegistry(), rec: newRecorder(), provider: newFakeProvider(), prog: prog, tr: tr}
 	e.metrics = newMetrics(e.reg)
 	// The non-atomic and ack-before-commit controls need a broken inbox;

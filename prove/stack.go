@@ -33,6 +33,7 @@ type stack struct {
 	natsURL  string
 	embedded *natsembed.Server
 	cluster  *natsCluster // --broker nats-cluster (cluster.go)
+	procs    *procCluster // nats-leader-sigkill: the scenario's cluster of node processes (nodeproc_linux.go)
 	kfake    *kfakeStack  // kafka://kfake: prove's cluster and its brokers' proxies (startKfake)
 	kafka    []string     // seed brokers
 	amqpURL  string
@@ -232,6 +233,14 @@ func (st *stack) newTransport(ctx context.Context, scenario string, cfg *config)
 		return nil, err
 	}
 	return s, nil
+}
+
+// onProcCluster is the stack with its broker replaced by the cluster of
+// node processes pc (streams still at 3 replicas).
+func (st *stack) onProcCluster(pc *procCluster) *stack {
+	c := *st
+	c.procs, c.natsURL = pc, pc.clientURL()
+	return &c
 }
 
 // unsupported says why sc cannot run on the stack's broker ("" if it can).

@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/databasesql"
 	ferrymysql "github.com/ferryhq/ferry/driver/mysql"
@@ -34,7 +35,7 @@ const WorkerEnv = "FERRY_PROVE_WORKER"
 var ErrNotWorker = errors.New("prove: not started as a worker (" + WorkerEnv + " unset)")
 
 type workerJob struct {
-	Role        string       `json:"role"` // "relay", "cdc", "inbox" or "effects"
+	Role        string       `json:"role"` // "relay", "cdc", "inbox", "effects" or "nats-node"
 	DatabaseURL string       `json:"database_url"`
 	Transport   transportJob `json:"transport"`
 	ID          string       `json:"id"`
@@ -57,6 +58,9 @@ type workerJob struct {
 	// count every StatusEvery (the soak's process figures, soak.go).
 	StatusFile  string        `json:"status_file,omitempty"`
 	StatusEvery time.Duration `json:"status_every,omitempty"`
+	// Node: role "nats-node" — one node of prove's JetStream cluster run
+	// as a process of its own (nodeproc.go), as natsembed planned it.
+	Node *natsembed.NodeConfig `json:"node,omitempty"`
 }
 
 // workerReport is what a worker prints on stdout when it ends by SIGTERM.
@@ -70,8 +74,8 @@ type workerReport struct {
 func IsWorker() bool { return os.Getenv(WorkerEnv) != "" }
 
 // RunWorker runs the job the parent put in WorkerEnv — a relay (package
-// relay or the reference relay), package inbox's consumer, or package
-// effect's worker — until ctx ends or the process is killed, which is the
+// relay or the reference relay), package inbox's consumer, package
+// effect's worker, or a node of prove's JetStream cluster — until ctx ends or the process is killed, which is the
 // point: the parent SIGKILLs it at random moments and starts another.
 func RunWorker(ctx context.Context) error {
 	raw := os.Getenv(WorkerEnv)
@@ -82,8 +86,16 @@ func RunWorker(ctx context.Context) error {
 	if err := json.Unmarshal([]byte(raw), &job); err != nil {
 		return fmt.Errorf("prove: worker job: %w", err)
 	}
-	if job.Role != "relay" && job.Role != "cdc" && job.Role != "inbox" && job.Role != "effects" {
-		return fmt.Errorf("prove: worker role %q: \"relay\", \"inbox\" or \"effects\"", job.Role)
+	switch job.Role {
+	case "relay", "cdc", "inbox", "effects":
+	case "nats-node":
+		// A cluster node, SIGKILLed by the parent (nodeproc.go); no database.
+		if job.Node == nil {
+			return errors.New("prove: worker role nats-node without a node")
+		}
+		return natsembed.RunNode(ctx, *job.Node)
+	default:
+		return fmt.Errorf("prove: worker role %q: \"relay\", \"cdc\", \"inbox\", \"effects\" or \"nats-node\"", job.Role)
 	}
 	var db *sql.DB
 	var dialect driver.Dialect
@@ -255,9 +267,14 @@ func startStoppingRelay(ctx context.Context, wg *sync.WaitGroup, e *env, frozen,
 
 // startWorkerProc starts argv as a worker subprocess for job (WorkerEnv)
 // and returns it with a channel closed once it has exited and been reaped.
-func startWorkerProc(argv []string, job string) (*exec.Cmd, <-chan struct{}, error) {
+// setup, if any, adjusts the command before it starts (output, process
+// attributes).
+func startWorkerProc(argv []string, job string, setup ...func(*exec.Cmd)) (*exec.Cmd, <-chan struct{}, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), WorkerEnv+"="+job)
+	for _, f := range setup {
+		f(cmd)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, nil, err
 	}

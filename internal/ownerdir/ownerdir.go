@@ -71,3 +71,19 @@ func Sweep(pattern string, cleanup func(dir string)) []string {
 	}
 	return removed
 }
+
+// Held reports whether some live process holds dir's lock (a directory
+// without a lock file is not held). A process that holds the lock itself
+// on another descriptor also sees it held.
+func Held(dir string) bool {
+	f, err := os.OpenFile(filepath.Join(dir, lockName), os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		return true
+	}
+	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return false
+}
