@@ -456,6 +456,11 @@ type PartitionDrop struct {
 // The retention was checked against the replay window before.
 func (o *Ops) dropPartitions(ctx context.Context, opts CleanupOptions, now time.Time, dryRun bool, res *CleanupResult) error {
 	if !dryRun {
+		// Partitions an earlier run detached but could not drop; first, so
+		// that Ensure cannot mistake one for a partition that exists.
+		if _, err := partition.DropDetached(ctx, o.db.Executor(), o.cfg.tables); err != nil {
+			return fmt.Errorf("ops: cleanup: %w", err)
+		}
 		created, err := partition.Ensure(ctx, o.db.Executor(), o.cfg.tables, now, 0, partition.DefaultAhead)
 		if err != nil {
 			return fmt.Errorf("ops: cleanup: %w", err)

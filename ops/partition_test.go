@@ -197,6 +197,35 @@ func partitionCleanupGuard(t *testing.T, guarded bool) {
 		if !dropped {
 			t.Errorf("the discarded dead letter's partition was kept with IncludeDiscarded: %+v", res.OutboxPartitions)
 		}
+		// A partition detached by a run that died before its drop is
+		// dropped by the next run; a table that only looks alike is not.
+		all, err := partition.List(ctx, e.exec, tables)
+		if err != nil {
+			t.Fatal(err)
+		}
+		orphan := all[len(all)-1].Name
+		mustExec(t, e, fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %q`, tn("outbox"), orphan))
+		mustExec(t, e, fmt.Sprintf(`CREATE TABLE %q (id int)`, tables.Bare("outbox")+"_p_notes"))
+		if _, err := o.Cleanup(ctx, ops.CleanupOptions{Retention: 7 * 24 * time.Hour}, ops.Approval{Approve: true, Actor: "alice", Reason: "partition test"}); err != nil {
+			t.Fatal(err)
+		}
+		if n := count(t, e, `SELECT count(*) FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid WHERE relname = $1`, orphan); n != 1 {
+			t.Errorf("detached partition %s not dropped and made again as a partition", orphan)
+		}
+		after, err := partition.List(ctx, e.exec, tables)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 1; i < len(after); i++ {
+			// Old partitions that were empty were dropped; from the
+			// cutoff on, none may be missing.
+			if after[i-1].To.After(later.Add(-7*24*time.Hour)) && !after[i].From.Equal(after[i-1].To) {
+				t.Errorf("gap in the partitions between %+v and %+v", after[i-1], after[i])
+			}
+		}
+		if n := count(t, e, `SELECT count(*) FROM pg_class WHERE relname = $1`, tables.Bare("outbox")+"_p_notes"); n != 1 {
+			t.Errorf("a table not named like a partition was dropped")
+		}
 		// Cleanup also created partitions ahead of its clock.
 		if all, _ := partition.List(ctx, e.exec, tables); len(all) == 0 || all[len(all)-1].To.Before(later) {
 			t.Errorf("no partitions ahead of %s: %+v", later, all)

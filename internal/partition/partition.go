@@ -236,9 +236,11 @@ type Verdict struct {
 	ExclusiveMillis float64 `json:"exclusive_ms,omitempty"`
 }
 
-// Beginner opens transactions (both Postgres drivers satisfy it).
-type Beginner interface {
+// DB is what Drop needs: transactions and a plain executor (both
+// Postgres drivers satisfy it).
+type DB interface {
 	Begin(ctx context.Context) (driver.Tx, error)
+	Executor() driver.Executor
 }
 
 // LockTimeout bounds how long Drop waits for the locks it needs: the
@@ -247,13 +249,13 @@ type Beginner interface {
 // partition whose lock is not granted in time is left for the next run.
 const LockTimeout = 2 * time.Second
 
-// Drop detaches and drops partition p if the guard holds, in one
-// transaction: the partition is locked against writers first (SHARE ROW
+// Drop detaches and drops partition p if the guard holds: in one
+// transaction the partition is locked against writers first (SHARE ROW
 // EXCLUSIVE: an operator's replay or retry cannot change a row between
-// the check and the drop; readers are not blocked), then checked, then
-// detached and dropped. With dryRun it only checks. A partition that
+// the check and the detach; readers are not blocked), checked, and
+// detached; the detached table is dropped after that commit. With dryRun it only checks. A partition that
 // does not pass is kept, with the reason; that is not an error.
-func Drop(ctx context.Context, db Beginner, t ferry.Tables, p Part, g Guard, dryRun bool) (Verdict, error) {
+func Drop(ctx context.Context, db DB, t ferry.Tables, p Part, g Guard, dryRun bool) (Verdict, error) {
 	v := Verdict{Part: p}
 	if p.To.After(g.Cutoff) {
 		v.Kept = "ends inside the retention"
@@ -306,17 +308,56 @@ func Drop(ctx context.Context, db Beginner, t ferry.Tables, p Part, g Guard, dry
 		v.Dropped = true // would be
 		return v, nil
 	}
+	// The detach commits on its own so the outbox's exclusive lock lasts
+	// only as long as the catalog change; dropping the detached table
+	// (unlinking its files, which takes a while for a large one) then
+	// locks nothing producers or the relay use. A detached partition
+	// whose drop did not happen is dropped by the next DropDetached.
 	t0 := time.Now()
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s`, t.Name("outbox"), name)); err != nil {
 		return v, fmt.Errorf("partition: detach %s: %w", p.Name, err)
 	}
-	if _, err := tx.Exec(ctx, fmt.Sprintf(`DROP TABLE %s`, name)); err != nil {
-		return v, fmt.Errorf("partition: drop %s: %w", p.Name, err)
-	}
 	if err := tx.Commit(ctx); err != nil {
-		return v, fmt.Errorf("partition: commit drop of %s: %w", p.Name, err)
+		return v, fmt.Errorf("partition: commit detach of %s: %w", p.Name, err)
 	}
 	v.ExclusiveMillis = float64(time.Since(t0).Microseconds()) / 1000
 	v.Dropped = true
+	if _, err := db.Executor().Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s`, name)); err != nil {
+		return v, fmt.Errorf("partition: drop detached %s (dropped by the next cleanup): %w", p.Name, err)
+	}
 	return v, nil
+}
+
+// DropDetached drops tables named like the outbox's partitions that are
+// no longer attached to it: partitions Drop detached whose own drop did
+// not happen (a crash between the two). It returns their names.
+func DropDetached(ctx context.Context, exec driver.Executor, t ferry.Tables) ([]string, error) {
+	if exec.Dialect() != driver.Postgres {
+		return nil, nil
+	}
+	rows, err := exec.Query(ctx, fmt.Sprintf(`SELECT c.relname FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
+WHERE s.nspname = %s AND c.relkind = 'r' AND c.relname ~ $1
+  AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)`, schemaExpr(t)), "^"+t.Bare("outbox")+`_p[0-9]{8}_[0-9]{6}$`)
+	if err != nil {
+		return nil, fmt.Errorf("partition: list detached: %w", err)
+	}
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		names = append(names, n)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if _, err := exec.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s`, qualify(t, n))); err != nil {
+			return nil, fmt.Errorf("partition: drop detached %s: %w", n, err)
+		}
+	}
+	return names, nil
 }
