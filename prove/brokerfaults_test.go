@@ -19,7 +19,7 @@ func brokerFaultStack(kind string) string {
 // and RabbitMQ fault scenarios say why they cannot run instead of
 // passing vacuously (they run in TestKafka and TestRabbitMQ).
 func TestBrokerFaultsNeedTheirBroker(t *testing.T) {
-	names := []string{kafkaLeaderMove, kafkaBrokerDown, rabbitConnDrop, rabbitChannelClose}
+	names := []string{kafkaLeaderMove, kafkaBrokerDown, rabbitConnDrop, rabbitChannelClose, rabbitNodeKill}
 	rep, err := Run(context.Background(), small(WithScenarios(names...))...)
 	if err != nil {
 		t.Fatal(err)
@@ -41,9 +41,10 @@ func TestBrokerFaultsNeedTheirBroker(t *testing.T) {
 // TestBrokerFaultBitCanFail: the scenario's own check fails a run in
 // which the fault fired less often than planned, the relay published
 // nothing while it lasted, or it hit no publish awaiting a confirm (a
-// connection drop) or meeting the closed channel.
+// connection drop) or meeting the closed channel, or no publish failed
+// across the node kill.
 func TestBrokerFaultBitCanFail(t *testing.T) {
-	for _, kind := range []string{kafkaLeaderMove, rabbitConnDrop, rabbitChannelClose} {
+	for _, kind := range []string{kafkaLeaderMove, rabbitConnDrop, rabbitChannelClose, rabbitNodeKill} {
 		e := &env{sc: &scenario{brokerFault: kind}, rec: newRecorder(), faultPubStart: 7, faultPubEnd: 7}
 		v := brokerFaultBit(3)(e, &Figures{FaultsInjected: 2}, nil)
 		want := 2
@@ -53,7 +54,7 @@ func TestBrokerFaultBitCanFail(t *testing.T) {
 		if len(v) != want {
 			t.Errorf("%s: violations %q, want %d", kind, v, want)
 		}
-		e.faultPubEnd = 9
+		e.faultPubEnd, e.faultPubFailed = 9, 1
 		e.rec.pubIndeterminate.Store(1)
 		e.rec.pubMissing.Store(1)
 		if v := brokerFaultBit(3)(e, &Figures{FaultsInjected: 3}, nil); len(v) != 0 {

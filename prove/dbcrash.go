@@ -58,13 +58,16 @@ func (st *stack) crashServerKind() string {
 	return serverPostgres
 }
 
-// onServer is the stack with its database server replaced by the
-// throwaway server p.
+// onServer is the stack with its database server (or, for a RabbitMQ
+// node, its broker) replaced by the throwaway server p.
 func (st *stack) onServer(p *tempServer) *stack {
 	c := *st
-	if p.kind == serverMariaDB {
+	switch p.kind {
+	case serverRabbitMQ:
+		c.amqpURL = p.URL()
+	case serverMariaDB:
 		c.pgURL, c.myURL = "", p.URL()
-	} else {
+	default:
 		c.pgURL, c.myURL = p.URL(), ""
 	}
 	return &c

@@ -30,6 +30,23 @@ const pgServerBin = "/usr/lib/postgresql/15/bin"
 // os.TempDir(): <prefix>XXXX/{owner.lock,data,postgres.log}.
 const tempPGPrefix = "ferry-prove-pg-"
 
+// tempRabbitPrefix names every throwaway RabbitMQ node's directory under
+// os.TempDir(): <prefix>XXXX/{owner.lock,mnesia,log,server.log,…}.
+const tempRabbitPrefix = "ferry-prove-rabbit-"
+
+// rabbitmqServerScript is the RabbitMQ server's own start script (Debian's
+// rabbitmq-server package; FERRY_PROVE_RABBITMQ_SERVER overrides it). Not
+// /usr/sbin/rabbitmq-server: that is Debian's wrapper, which as the
+// rabbitmq user redirects the output to /var/log/rabbitmq/startup_log
+// (the machine's node's) and as root re-runs itself through su with HOME
+// reset to /var/lib/rabbitmq (the machine's node's Erlang cookie).
+const rabbitmqServerScript = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+
+// rabbitBootLimit bounds a throwaway RabbitMQ node's boot to its first
+// AMQP login (measured on the shared 2-core machine: first boot 6.1–17.5 s,
+// restart after the SIGKILL 4.8–8.6 s).
+const rabbitBootLimit = 60 * time.Second
+
 // MariaDB's server and installer, as Debian's mariadb-server installs them.
 const (
 	mariadbd         = "/usr/sbin/mariadbd"
@@ -46,6 +63,39 @@ func mariadbServerMissing() string {
 	if os.Geteuid() == 0 {
 		if _, err := user.Lookup("mysql"); err != nil {
 			return "running as root: needs a `mysql` OS user to run the throwaway mariadbd as"
+		}
+	}
+	return ""
+}
+
+// rabbitServer is the RabbitMQ start script the throwaway node runs.
+func rabbitServer() string {
+	if p := os.Getenv("FERRY_PROVE_RABBITMQ_SERVER"); p != "" {
+		return p
+	}
+	return rabbitmqServerScript
+}
+
+// epmdBin is Erlang's port mapper daemon; the throwaway node gets one of
+// its own on a free port.
+func epmdBin() string {
+	if p, err := exec.LookPath("epmd"); err == nil {
+		return p
+	}
+	return "/usr/lib/erlang/bin/epmd"
+}
+
+// rabbitServerMissing says why no throwaway RabbitMQ node can be made
+// here ("" if one can).
+func rabbitServerMissing() string {
+	for _, p := range []string{rabbitServer(), epmdBin()} {
+		if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
+			return fmt.Sprintf("needs the RabbitMQ server (%s not found; install rabbitmq-server or set FERRY_PROVE_RABBITMQ_SERVER)", p)
+		}
+	}
+	if os.Geteuid() == 0 {
+		if _, err := user.Lookup("rabbitmq"); err != nil {
+			return "running as root: needs a `rabbitmq` OS user to run the throwaway node as"
 		}
 	}
 	return ""
@@ -85,24 +135,40 @@ func pgServerMissing() string {
 // that it dies with prove even when prove is SIGKILLed. The directory
 // holds a lock (flock) for as long as its owner lives; sweepTempServers
 // removes the directories, and kills the servers, of owners that died.
+//
+// A RabbitMQ node (serverRabbitMQ) is the same with its own node name,
+// AMQP and distribution ports, and an epmd of its own on a third port
+// (epmd, which outlives node crashes), so that nothing of the machine's
+// node is shared: not its epmd, its cookie, its configuration or its logs.
 type tempServer struct {
-	kind               string // serverPostgres or serverMariaDB
+	kind               string // serverPostgres, serverMariaDB or serverRabbitMQ
 	dir, data, logPath string
 	port               int
 	cred               *syscall.Credential
 	lock               *os.File
 	cmd                *exec.Cmd
 	exited             chan struct{}
+	lastBoot           time.Duration // the last start's, until the first connection
+
+	// RabbitMQ only.
+	node               string // ferry-prove-<hex>@localhost
+	distPort, epmdPort int
+	epmd               *exec.Cmd
 }
 
 // Kinds of throwaway server.
 const (
 	serverPostgres = "postgres"
 	serverMariaDB  = "mariadb"
+	serverRabbitMQ = "rabbitmq"
 )
 
 // URL is the server's superuser URL, for the stack (stack.onServer).
 func (p *tempServer) URL() string {
+	if p.kind == serverRabbitMQ {
+		// RabbitMQ's default guest user may log in over loopback only.
+		return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", p.port)
+	}
 	if p.kind == serverMariaDB {
 		return fmt.Sprintf("mysql://root@127.0.0.1:%d/mysql", p.port)
 	}
@@ -112,17 +178,25 @@ func (p *tempServer) URL() string {
 // startTempServer sweeps dead owners' leftovers, then initialises and
 // starts a new server of kind and waits until it accepts connections.
 func startTempServer(ctx context.Context, kind string) (_ *tempServer, err error) {
-	osUser := "postgres"
-	if kind == serverMariaDB {
+	osUser, prefix := "postgres", tempPGPrefix
+	switch kind {
+	case serverMariaDB:
 		osUser = "mysql"
 		if why := mariadbServerMissing(); why != "" {
 			return nil, errors.New("prove: " + why)
 		}
-	} else if why := pgServerMissing(); why != "" {
-		return nil, errors.New("prove: " + why)
+	case serverRabbitMQ:
+		osUser, prefix = "rabbitmq", tempRabbitPrefix
+		if why := rabbitServerMissing(); why != "" {
+			return nil, errors.New("prove: " + why)
+		}
+	default:
+		if why := pgServerMissing(); why != "" {
+			return nil, errors.New("prove: " + why)
+		}
 	}
 	sweepTempServers()
-	dir, err := os.MkdirTemp("", tempPGPrefix+"*")
+	dir, err := os.MkdirTemp("", prefix+"*")
 	if err != nil {
 		return nil, fmt.Errorf("prove: temp %s dir: %w", kind, err)
 	}
@@ -147,12 +221,18 @@ func startTempServer(ctx context.Context, kind string) (_ *tempServer, err error
 			return nil, fmt.Errorf("prove: temp postgres: chown %s: %w", dir, err)
 		}
 	}
-	initdb := p.command(ctx, filepath.Join(pgBinDir(), "initdb"), "-D", p.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions")
-	if kind == serverMariaDB {
-		initdb = p.command(ctx, mariadbInstallDB, "--no-defaults", "--datadir="+p.data, "--auth-root-authentication-method=normal", "--skip-test-db")
-	}
-	if out, err := initdb.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("prove: %s: %w: %s", filepath.Base(initdb.Path), err, tail(string(out), 600))
+	if kind == serverRabbitMQ {
+		if err := p.initRabbit(); err != nil {
+			return nil, err
+		}
+	} else {
+		initdb := p.command(ctx, filepath.Join(pgBinDir(), "initdb"), "-D", p.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions")
+		if kind == serverMariaDB {
+			initdb = p.command(ctx, mariadbInstallDB, "--no-defaults", "--datadir="+p.data, "--auth-root-authentication-method=normal", "--skip-test-db")
+		}
+		if out, err := initdb.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("prove: %s: %w: %s", filepath.Base(initdb.Path), err, tail(string(out), 600))
+		}
 	}
 	// A free port, taken again by the server at once; if another process
 	// takes it in between, the start fails and is retried on a new one.
@@ -160,7 +240,15 @@ func startTempServer(ctx context.Context, kind string) (_ *tempServer, err error
 		if p.port, err = freePort(); err != nil {
 			return nil, err
 		}
-		if err = p.start(ctx); err == nil {
+		if kind == serverRabbitMQ {
+			if p.distPort, err = freePort(); err == nil {
+				err = p.startEpmd()
+			}
+		}
+		if err == nil {
+			err = p.start(ctx)
+		}
+		if err == nil {
 			return p, nil
 		}
 		if attempt == 2 || ctx.Err() != nil {
@@ -178,7 +266,8 @@ func (p *tempServer) command(ctx context.Context, name string, args ...string) *
 }
 
 // start runs the postmaster on the data directory and port and waits
-// until it accepts connections (crash recovery included), within 30 s.
+// until it accepts connections (crash recovery included), within 30 s
+// (a RabbitMQ node: until it takes an AMQP login, within rabbitBootLimit).
 func (p *tempServer) start(ctx context.Context) error {
 	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -198,19 +287,31 @@ func (p *tempServer) start(ctx context.Context) error {
 			"--bind-address=127.0.0.1", "--socket="+filepath.Join(p.dir, "mariadbd.sock"), "--pid-file="+filepath.Join(p.dir, "mariadbd.pid"),
 			"--skip-grant-tables", "--skip-log-bin", "--innodb-flush-log-at-trx-commit=1", "--innodb-buffer-pool-size=32M", "--max-connections=200")
 	}
-	c.Dir, c.Env, c.Stdout, c.Stderr = p.dir, append(os.Environ(), "LC_ALL=C", "TZ=UTC"), logf, logf
+	env := append(os.Environ(), "LC_ALL=C", "TZ=UTC")
+	limit := 30 * time.Second
+	if p.kind == serverRabbitMQ {
+		c, env, limit = exec.Command(rabbitServer()), append(env, p.rabbitEnv()...), rabbitBootLimit
+	}
+	c.Dir, c.Env, c.Stdout, c.Stderr = p.dir, env, logf, logf
 	c.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	started := time.Now()
 	if err := c.Start(); err != nil {
 		return fmt.Errorf("prove: start %s: %w", p.kind, err)
 	}
 	p.cmd, p.exited = c, make(chan struct{})
 	go func(done chan struct{}) { _ = c.Wait(); close(done) }(p.exited)
-	deadline := time.Now().Add(30 * time.Second)
+	if p.kind == serverRabbitMQ {
+		// For the sweep: the node's pid (the script execs erl, which execs
+		// beam.smp: one process, the parent-death signal kept).
+		_ = os.WriteFile(filepath.Join(p.dir, "server.pid"), []byte(strconv.Itoa(c.Process.Pid)+"\n"), 0o644)
+	}
+	deadline := time.Now().Add(limit)
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err = p.ping(pctx)
 		cancel()
 		if err == nil {
+			p.lastBoot = time.Since(started)
 			return nil
 		}
 		select {
@@ -220,7 +321,7 @@ func (p *tempServer) start(ctx context.Context) error {
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			p.kill()
-			return fmt.Errorf("prove: temp %s on port %d not ready within 30s: %w: %s", p.kind, p.port, err, tail(p.log(), 600))
+			return fmt.Errorf("prove: temp %s on port %d not ready within %s: %w: %s", p.kind, p.port, limit, err, tail(p.log(), 600))
 		}
 		sleepCtx(ctx, 50*time.Millisecond)
 	}
@@ -228,6 +329,9 @@ func (p *tempServer) start(ctx context.Context) error {
 
 // ping opens a connection to the server and closes it.
 func (p *tempServer) ping(ctx context.Context) error {
+	if p.kind == serverRabbitMQ {
+		return p.pingRabbit(ctx)
+	}
 	var db *sql.DB
 	var err error
 	if p.kind == serverMariaDB {
@@ -269,23 +373,42 @@ func (p *tempServer) thaw() {
 		return
 	}
 	pm := p.cmd.Process.Pid
-	for _, pid := range append(childPids(pm), pm) {
+	for _, pid := range append(descendants(pm), pm) {
 		_ = syscall.Kill(pid, syscall.SIGCONT)
 	}
 }
 
 // stopAll SIGSTOPs the postmaster (so it forks no more), then each of its
-// children, and returns them all. The children must be found by parent:
-// every Postgres child calls setsid(), so none is in the postmaster's
-// process group.
+// descendants, and returns them all. They must be found by parent: every
+// Postgres child calls setsid(), so none is in the postmaster's process
+// group; so do beam.smp's erl_child_setup and inet_gethost.
 func (p *tempServer) stopAll() []int {
 	pm := p.cmd.Process.Pid
 	_ = syscall.Kill(pm, syscall.SIGSTOP)
-	pids := append(childPids(pm), pm)
+	pids := append(descendants(pm), pm)
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGSTOP)
 	}
 	return pids
+}
+
+// descendants lists pid's children, their children and so on, stopping
+// each generation before reading the next (a stopped process forks no
+// more).
+func descendants(pid int) []int {
+	var out []int
+	gen := []int{pid}
+	for len(gen) > 0 && len(out) < 10000 {
+		var next []int
+		for _, q := range gen {
+			for _, c := range childPids(q) {
+				_ = syscall.Kill(c, syscall.SIGSTOP)
+				next = append(next, c)
+			}
+		}
+		out, gen = append(out, next...), next
+	}
+	return out
 }
 
 // kill stops the postmaster and its children, SIGKILLs them all (none
@@ -350,9 +473,11 @@ func processAlive(pid int) bool {
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
-// close kills the server and removes its directory and lock.
+// close kills the server (and a RabbitMQ node's epmd) and removes its
+// directory and lock.
 func (p *tempServer) close() {
 	p.kill()
+	p.stopEpmd()
 	if p.dir != "" {
 		_ = os.RemoveAll(p.dir)
 	}
@@ -372,15 +497,24 @@ func (p *tempServer) log() string {
 // in postmaster.pid, after checking /proc that the pid is a postgres on
 // that data directory; then the directory goes. Clusters whose owner
 // lives are left alone, so concurrent runs do not disturb each other.
+//
+// Throwaway RabbitMQ nodes the same: the node (its command line names its
+// directory, its HOME) and its epmd (whose working directory is it), by the
+// pids prove wrote there.
 func sweepTempServers() {
 	ownerdir.Sweep(filepath.Join(os.TempDir(), tempPGPrefix+"*"), func(dir string) {
 		killStale(filepath.Join(dir, "data"), filepath.Join(dir, "data", "postmaster.pid"))
 		killStale(filepath.Join(dir, "data"), filepath.Join(dir, "mariadbd.pid"))
 	})
+	ownerdir.Sweep(filepath.Join(os.TempDir(), tempRabbitPrefix+"*"), func(dir string) {
+		killStale(dir, filepath.Join(dir, "server.pid"))
+		killStale(dir, filepath.Join(dir, "epmd.pid"))
+	})
 }
 
 // killStale SIGKILLs the server whose pid pidFile names (and its
-// children), if /proc says it still runs on data.
+// descendants), if /proc says it still runs on data: its command line
+// names data, or data is its working directory.
 func killStale(data, pidFile string) {
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
@@ -392,10 +526,14 @@ func killStale(data, pidFile string) {
 		return
 	}
 	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || !strings.Contains(string(cmdline), data) {
-		return // gone, or the pid was reused by something else
+	if err != nil {
+		return // gone
 	}
-	kids := childPids(pid)
+	if cwd, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd"); !strings.Contains(string(cmdline), data) && cwd != data {
+		return // the pid was reused by something else
+	}
+	_ = syscall.Kill(pid, syscall.SIGSTOP)
+	kids := descendants(pid)
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 	for _, k := range kids {
 		_ = syscall.Kill(k, syscall.SIGKILL)

@@ -96,23 +96,32 @@ func TestDBCrashNeedsPostgres(t *testing.T) {
 // and survives a crash and restart on the same port.
 func TestTempPostgresSurvivesKilledOwner(t *testing.T) {
 	needPGServer(t)
+	testKilledOwner(t, serverPostgres, "TestTempPostgresSurvivesKilledOwner", func(_, data string) []string {
+		return []string{filepath.Join(data, "postmaster.pid")}
+	})
+}
+
+// testKilledOwner is TestTempPostgresSurvivesKilledOwner for a server of
+// kind, run again as the child test name; pidFiles names the files
+// holding the pids that must die with the child.
+func testKilledOwner(t *testing.T, kind, name string, pidFiles func(dir, data string) []string) {
 	if os.Getenv("FERRY_PROVE_TEMP_PG_CHILD") == "1" {
-		p, err := startTempServer(context.Background(), serverPostgres)
+		p, err := startTempServer(context.Background(), kind)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_ = os.WriteFile(os.Getenv("FERRY_PROVE_TEMP_PG_OUT"), []byte(p.dir+"\n"+p.data), 0o600)
-		time.Sleep(time.Minute) // killed by the parent test
+		time.Sleep(2 * time.Minute) // killed by the parent test
 		return
 	}
 	out := filepath.Join(t.TempDir(), "child")
-	child := exec.Command(os.Args[0], "-test.run=^TestTempPostgresSurvivesKilledOwner$")
+	child := exec.Command(os.Args[0], "-test.run=^"+name+"$")
 	child.Env = append(os.Environ(), "FERRY_PROVE_TEMP_PG_CHILD=1", "FERRY_PROVE_TEMP_PG_OUT="+out)
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
 	}
 	var dir, data string
-	for i := 0; i < 600 && dir == ""; i++ {
+	for i := 0; i < 1500 && dir == ""; i++ { // a RabbitMQ node may take up to rabbitBootLimit
 		if b, err := os.ReadFile(out); err == nil && strings.Contains(string(b), "\n") {
 			dir, data, _ = strings.Cut(string(b), "\n")
 		}
@@ -123,27 +132,33 @@ func TestTempPostgresSurvivesKilledOwner(t *testing.T) {
 		_ = child.Wait()
 		t.Fatal("child never started its server")
 	}
-	pidFile, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
-	if err != nil {
-		t.Fatal(err)
+	var pids []string
+	for _, f := range pidFiles(dir, data) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _, _ := strings.Cut(string(b), "\n")
+		pids = append(pids, strings.TrimSpace(pid))
 	}
-	pid, _, _ := strings.Cut(string(pidFile), "\n")
 	_ = child.Process.Signal(syscall.SIGKILL)
 	_ = child.Wait()
 	if _, err := os.Stat(dir); err != nil {
 		t.Fatalf("the killed owner's dir should still be there for the sweep: %v", err)
 	}
-	alive := true
-	for i := 0; i < 200 && alive; i++ {
-		_, err := os.Stat("/proc/" + strings.TrimSpace(pid))
-		alive = err == nil
-		time.Sleep(25 * time.Millisecond)
-	}
-	if alive {
-		t.Errorf("postmaster %s outlived its killed owner", pid)
+	for _, pid := range pids {
+		alive := true
+		for i := 0; i < 200 && alive; i++ {
+			_, err := os.Stat("/proc/" + pid)
+			alive = err == nil
+			time.Sleep(25 * time.Millisecond)
+		}
+		if alive {
+			t.Errorf("%s process %s outlived its killed owner", kind, pid)
+		}
 	}
 
-	p, err := startTempServer(context.Background(), serverPostgres)
+	p, err := startTempServer(context.Background(), kind)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,13 +203,15 @@ func assertNoOrphanDirs(t *testing.T, before map[string]bool) {
 
 func tempPGDirs(t *testing.T) map[string]bool {
 	t.Helper()
-	m, err := filepath.Glob(filepath.Join(os.TempDir(), tempPGPrefix+"*"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]bool{}
-	for _, d := range m {
-		out[d] = true
+	for _, prefix := range []string{tempPGPrefix, tempRabbitPrefix} {
+		m, err := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range m {
+			out[d] = true
+		}
 	}
 	return out
 }

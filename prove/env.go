@@ -61,6 +61,11 @@ type env struct {
 	// began and ended, and faultPubInFlight those in flight when it began
 	// (brokerfaults.go), under rec.mu.
 	faultPubStart, faultPubEnd, faultPubInFlight int
+	// faultFailStart: failed publish results when the fault began;
+	// faultPubFailed: those that failed while it lasted (rabbitmq-node-kill).
+	faultFailStart, faultPubFailed int64
+	// rabbitNode: rabbitmq-node-kill's throwaway node (rabbitnode.go).
+	rabbitNode *tempServer
 
 	// effect-worker-sigkill: what each kill of the subprocess effect
 	// worker left behind, and the scenario's summary for the report.
@@ -107,7 +112,8 @@ type recorder struct {
 	// connection died before the confirm) and destination-missing (e.g.
 	// the server closed the channel: no such exchange).
 	pubIndeterminate, pubMissing atomic.Int64
-	pubInFlight                  int // publish calls not returned yet, under mu
+	pubFailed                    atomic.Int64 // every publish result with an error
+	pubInFlight                  int          // publish calls not returned yet, under mu
 }
 
 func newRecorder() *recorder {
@@ -146,6 +152,7 @@ func (c *countingPublisher) Publish(ctx context.Context, events []ferry.Event) [
 	for i, r := range res {
 		if r.Err != nil {
 			c.rec.errs = append(c.rec.errs, r.Err.Error())
+			c.rec.pubFailed.Add(1)
 			switch {
 			case errors.Is(r.Err, broker.ErrDestinationMissing):
 				c.rec.pubMissing.Add(1)
@@ -225,6 +232,9 @@ func (e *env) components() []string {
 		c = append(c, "ferry:broker/kafka", e.st.kafkaDesc())
 	case "rabbitmq":
 		c = append(c, "ferry:broker/rabbitmq", "rabbitmq")
+		if sc.brokerFault == rabbitNodeKill {
+			c[len(c)-1] = "rabbitmq(prove's throwaway node)"
+		}
 	default:
 		if e.st.procs != nil {
 			c = append(c, "ferry:broker/natsjs", "nats-server(jetstream, 3 node processes)")

@@ -47,7 +47,7 @@ type scenario struct {
 	cdcConfirmEarly     bool          // the CDC control: confirm the LSN before the rows are marked sent
 	throttle            time.Duration // pause per producer transaction, to spread the workload over the faults
 	clusterFault        string        // --broker nats-cluster: clusterLeaderKill or clusterPartition (cluster.go)
-	brokerFault         string        // a Kafka (kfake) or RabbitMQ fault: kafkaLeaderMove, kafkaBrokerDown, rabbitConnDrop, rabbitChannelClose (brokerfaults.go)
+	brokerFault         string        // a Kafka (kfake) or RabbitMQ fault: kafkaLeaderMove, kafkaBrokerDown, rabbitConnDrop, rabbitChannelClose, rabbitNodeKill (brokerfaults.go)
 	skew                bool          // each package relay reads a skewed or stepping clock (skew.go)
 	dbCrash             bool          // the database is prove's own Postgres server, SIGKILLed and restarted mid-run (dbcrash.go)
 	notAvailable        func(*stack, *config) string
@@ -207,6 +207,9 @@ func allScenarios() []*scenario {
 		{name: rabbitChannelClose, desc: "RabbitMQ closes the relay's channel (404: its exchange deleted under it) twice mid-publish; the rows are held until the exchange is back",
 			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, brokerFault: rabbitChannelClose, throttle: 40 * time.Millisecond,
 			notAvailable: needsRabbitMQ, extra: brokerFaultBit(rabbitCloses)},
+		{name: rabbitNodeKill, desc: "prove's own throwaway RabbitMQ node (own node name, ports, epmd and data dir; the --broker node is not touched) is frozen while the relay awaits confirms, SIGKILLed whole and restarted on the same data dir and ports: the durable exchange and quorum queue survive, the relay republishes what was not confirmed",
+			plan: planOptions{rollbackRate: 0.05}, relays: oneRelay, brokerFault: rabbitNodeKill, throttle: 40 * time.Millisecond,
+			notAvailable: needsRabbitNode, extra: brokerFaultBit(1)},
 		{name: "relay-clock-skew", desc: "three relays share the shards, one clock a lease TTL behind, one a TTL ahead, one stepping back a TTL then forward two: leases and fences keep order, no row published twice",
 			plan: planOptions{rollbackRate: 0.05}, relays: 3, skew: true, throttle: 30 * time.Millisecond, extra: checkSkew,
 			notAvailable: func(_ *stack, c *config) string {
@@ -338,6 +341,7 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		return Figures{}, nil, "", nil, err
 	}
 	brStack := st
+	envSt := st // the stack the env sees: the process cluster's for nats-leader-sigkill
 	if sc.clusterFault == clusterLeaderSigkill {
 		// The scenario's own cluster, every node a process (nodeproc_linux.go);
 		// closed after the stream is destroyed.
@@ -347,12 +351,27 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		}
 		defer pc.close()
 		brStack = st.onProcCluster(pc)
+		envSt = brStack
+	}
+	// rabbitmq-node-kill: the scenario's exchange and queues live on a
+	// RabbitMQ node of prove's own, killed and restarted mid-run; the
+	// --broker node is not used.
+	var node *tempServer
+	if sc.brokerFault == rabbitNodeKill {
+		if node, err = startTempServer(ctx, serverRabbitMQ); err != nil {
+			return Figures{}, nil, "", nil, err
+		}
+		defer node.close()
+		brStack = st.onServer(node)
 	}
 	tr, err := brStack.newTransport(ctx, sc.name, cfg)
 	if err != nil {
 		return Figures{}, nil, "", nil, err
 	}
 	defer tr.destroy(context.WithoutCancel(ctx))
+	if node != nil {
+		sleepCtx(ctx, rabbitNodeIdle)
+	}
 	if why := tr.unsupported(sc); why != "" {
 		return Figures{}, nil, notAvailable + why, nil, nil
 	}
@@ -360,8 +379,8 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	if err != nil {
 		return Figures{}, nil, "", nil, err
 	}
-	e := &env{cfg: cfg, sc: sc, st: brStack, db: db, w: w, plan: p, log: cfg.logger,
-		reg: prometheus.NewRegistry(), rec: newRecorder(), provider: newFakeProvider(), prog: prog, tr: tr}
+	e := &env{cfg: cfg, sc: sc, st: envSt, db: db, w: w, plan: p, log: cfg.logger,
+		reg: prometheus.NewRegistry(), rec: newRecorder(), provider: newFakeProvider(), prog: prog, tr: tr, rabbitNode: node}
 	e.metrics = newMetrics(e.reg)
 	// The non-atomic and ack-before-commit controls need a broken inbox;
 	// package inbox has no public switch for that, so they run on prove's

@@ -114,7 +114,7 @@ func (c *Consumer) session(ctx context.Context, handle func(context.Context, *br
 	if err != nil {
 		return false, fmt.Errorf("rabbitmq: connect: %w", err)
 	}
-	defer conn.Close() // requeues everything unacked on this connection
+	defer closeConn(conn, c.cfg.dialTimeout) // requeues everything unacked on this connection
 	ch, err := conn.Channel()
 	if err != nil {
 		return false, fmt.Errorf("rabbitmq: open channel: %w", err)

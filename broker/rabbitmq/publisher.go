@@ -130,6 +130,16 @@ func dial(ctx context.Context, url string, timeout time.Duration) (*amqp.Connect
 	})
 }
 
+// closeConn closes conn, waiting at most d for the server's close-ok.
+// amqp091's Close waits for it without a bound: a server that keeps the
+// connection alive (its heartbeats arrive) but does not answer — seen
+// with a RabbitMQ 3.10 node whose quorum queue had no leader after a
+// restart (ferry prove's rabbitmq-node-kill) — held the publisher's lock
+// for ever, and the relay with it.
+func closeConn(conn *amqp.Connection, d time.Duration) {
+	_ = conn.CloseDeadline(time.Now().Add(d))
+}
+
 // connectLocked makes sure a confirm-mode channel is open.
 func (p *Publisher) connectLocked(ctx context.Context) error {
 	if p.ch != nil && !p.ch.IsClosed() && p.conn != nil && !p.conn.IsClosed() {
@@ -142,11 +152,11 @@ func (p *Publisher) connectLocked(ctx context.Context) error {
 	}
 	ch, err := conn.Channel()
 	if err != nil {
-		conn.Close()
+		closeConn(conn, p.cfg.dialTimeout)
 		return fmt.Errorf("rabbitmq: open channel: %w", err)
 	}
 	if err := ch.Confirm(false); err != nil {
-		conn.Close()
+		closeConn(conn, p.cfg.dialTimeout)
 		return fmt.Errorf("rabbitmq: confirm mode: %w", err)
 	}
 	// Buffered: amqp091 delivers basic.return synchronously on its
@@ -165,7 +175,7 @@ func (p *Publisher) connectLocked(ctx context.Context) error {
 
 func (p *Publisher) dropLocked() {
 	if p.conn != nil {
-		_ = p.conn.Close()
+		closeConn(p.conn, p.cfg.dialTimeout)
 	}
 	p.conn, p.ch, p.returns, p.chClose = nil, nil, nil, nil
 }

@@ -445,6 +445,35 @@ func TestOutageThroughProxy(t *testing.T) {
 	}
 }
 
+// TestDropOnSilentServerIsBounded: a connection whose server stops
+// answering (the proxy swallows every byte both ways, so no close-ok ever
+// comes) is dropped within the dial timeout. amqp091's Close waits for
+// the close-ok without a bound: here until the heartbeat read deadline
+// (15 s, measured with Close instead of CloseDeadline); against a server
+// that keeps sending heartbeats but does not answer, for ever (a RabbitMQ
+// 3.10 node whose quorum queue had lost its leader, in ferry prove's
+// rabbitmq-node-kill).
+func TestDropOnSilentServerIsBounded(t *testing.T) {
+	url := testenv.RabbitMQURL(t)
+	top := newTopology(t, url, true)
+	px := newProxy(t, hostOf(t, url))
+	p := newPublisher(t, viaProxy(t, url, px), rabbitmq.WithExchange(top.Exchange), rabbitmq.WithDialTimeout(time.Second))
+	ctx := context.Background()
+	if err := p.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	px.set(1) // silent
+	pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := p.Ping(pctx); err == nil {
+		t.Fatal("Ping succeeded through a silent proxy")
+	}
+	if d := time.Since(start); d > 4*time.Second {
+		t.Fatalf("Ping on a silent server took %s: the drop waited for a close-ok that never comes", d)
+	}
+}
+
 // TestBrokerNackIsNotSent: a queue full with overflow=reject-publish
 // makes the broker nack further publishes; Ferry reports ClassNotSent
 // ErrNacked (the message is not stored), and the Stats count the nack.
