@@ -46,6 +46,16 @@ func TestPartitionedOutbox(t *testing.T) {
 			t.Fatalf("partition %d %+v is not contiguous, an hour wide and named by its start", i, p)
 		}
 	}
+	// A DEFAULT partition a user adds is neither listed nor in the way.
+	if _, err := s.Pool.Exec(ctx, `CREATE TABLE ferry_outbox_default PARTITION OF ferry_outbox DEFAULT`); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := partition.List(ctx, db.Executor(), tables); err != nil || len(again) != len(parts) {
+		t.Fatalf("with a default partition: %d partitions (%v), want %d", len(again), err, len(parts))
+	}
+	if _, err := partition.Ensure(ctx, db.Executor(), tables, now.Add(3*time.Hour), 0, partition.DefaultAhead); err != nil {
+		t.Fatalf("Ensure with a default partition: %v", err)
+	}
 	// A second Up (nothing to apply) with or without the option is fine.
 	if _, err := migrate.Up(ctx, db, tables); err != nil {
 		t.Fatal(err)

@@ -370,8 +370,15 @@ func (r *Relay) start(ctx context.Context) error {
 	}
 	if parted {
 		// Before the first claim: producers must never find no partition.
+		// A relay that cannot create them (a role without CREATE on the
+		// schema) still starts while the partitions made earlier cover
+		// now; it logs each failure and retries every tick.
 		if err := r.ensurePartitions(ctx); err != nil {
-			return err
+			parts, lerr := partition.List(ctx, exec, r.cfg.tables)
+			if lerr != nil || len(parts) == 0 || !parts[len(parts)-1].To.After(time.Now()) {
+				return err
+			}
+			r.log.WarnContext(ctx, "outbox partitions not created ahead; the existing ones last until "+parts[len(parts)-1].To.Format(time.RFC3339), logattr.Err(err))
 		}
 	}
 	rows, err = exec.Query(ctx, r.q.checkShards, r.cfg.shards)

@@ -76,14 +76,16 @@ WHERE c.relname = $1 AND s.nspname = %s`, schemaExpr(t)), []any{t.Bare("outbox")
 
 // List returns the outbox's range partitions in bound order. The bounds
 // are read from the catalog and cast by the server, so they do not depend
-// on the session's time zone.
+// on the session's time zone. A partition without two timestamp bounds
+// (a DEFAULT partition or one FROM MINVALUE a user added) is not listed:
+// Ferry neither extends nor drops it.
 func List(ctx context.Context, exec driver.Executor, t ferry.Tables) ([]Part, error) {
 	rows, err := exec.Query(ctx, fmt.Sprintf(`SELECT c.relname, b[1]::timestamptz, b[2]::timestamptz
 FROM pg_inherits i
 JOIN pg_class c ON c.oid = i.inhrelid
 JOIN pg_class p ON p.oid = i.inhparent JOIN pg_namespace s ON s.oid = p.relnamespace,
 LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), $$FROM \('([^']+)'\) TO \('([^']+)'\)$$) AS b
-WHERE p.relname = $1 AND s.nspname = %s
+WHERE p.relname = $1 AND s.nspname = %s AND b IS NOT NULL
 ORDER BY 2`, schemaExpr(t)), t.Bare("outbox"))
 	if err != nil {
 		return nil, fmt.Errorf("partition: list: %w", err)
