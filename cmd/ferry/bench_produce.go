@@ -17,13 +17,14 @@ import (
 
 func newBenchProduceCmd() *cobra.Command {
 	var (
-		sf       storeFlags
-		clients  []int
-		duration time.Duration
-		rounds   int
-		notify   string
-		asJSON   bool
-		ref      bool
+		sf          storeFlags
+		clients     []int
+		duration    time.Duration
+		rounds      int
+		notify      string
+		asJSON      bool
+		ref         bool
+		partitioned time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "produce",
@@ -90,8 +91,8 @@ sequence row).`,
 					return err
 				}
 				defer pool.Close()
-				if err := producebench.Setup(ctx, pool, sf.tables()); err != nil {
-					return err
+				if err := producebench.Setup(ctx, pool, sf.tables(), partitionOpts(partitioned)...); err != nil {
+					return relayFlagError(err)
 				}
 				pr, err := producebench.New(pool, sf.tables(), notify)
 				if err != nil {
@@ -178,6 +179,7 @@ sequence row).`,
 	cmd.Flags().StringVar(&notify, "notify", "", "also NOTIFY this channel from Ferry's insert (measures NOTIFY cost)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().BoolVar(&ref, "reference", false, "also run the reference variants that decompose the (b)→(c) gap")
+	cmd.Flags().DurationVar(&partitioned, "partition-outbox", 0, "Postgres: create the outbox partitioned in ranges of this length (migrate --partition-outbox; only when the tables are new)")
 	return cmd
 }
 

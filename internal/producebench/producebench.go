@@ -62,9 +62,9 @@ const (
 var ReferenceVariants = []Variant{FerryShapeNoSeq, OnConflictFloor, OutboxMax}
 
 // Setup creates the business table and Ferry's tables in the pool's
-// search_path. It is idempotent.
-func Setup(ctx context.Context, pool *pgxpool.Pool, tables ferry.Tables) error {
-	if _, err := migrate.Up(ctx, pgxv5.New(pool), tables); err != nil {
+// search_path (opts: e.g. a partitioned outbox). It is idempotent.
+func Setup(ctx context.Context, pool *pgxpool.Pool, tables ferry.Tables, opts ...migrate.Option) error {
+	if _, err := migrate.Up(ctx, pgxv5.New(pool), tables, opts...); err != nil {
 		return err
 	}
 	_, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_orders (id text PRIMARY KEY, tenant text NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
