@@ -120,8 +120,16 @@ func (s *natsStream) createReplicated(ctx context.Context) error {
 	return s.createReplayConsumer(ctx, "prove")
 }
 
+// clusterQueryTimeout bounds one stream info request of the cluster
+// faults' waits: a request the stream's (absent) leader never answers
+// waits for its context, and a caller's context may have no deadline
+// (the soak's), which held a wait for a new leader for minutes.
+const clusterQueryTimeout = 3 * time.Second
+
 // streamLeader is the server name of the stream's current leader.
 func streamLeader(ctx context.Context, url, stream string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, clusterQueryTimeout)
+	defer cancel()
 	nc, js, err := natsConnect(url, "ferry-prove-checker")
 	if err != nil {
 		return "", err
@@ -174,7 +182,10 @@ func waitReplicasCurrent(ctx context.Context, s *natsStream, limit time.Duration
 	for {
 		ok, why := replicasCurrent(ctx, url, stream)
 		if ok {
-			if _, err := s.readAll(ctx); err != nil {
+			rctx, cancel := context.WithTimeout(ctx, max(clusterQueryTimeout, time.Until(deadline)))
+			_, err := s.readAll(rctx)
+			cancel()
+			if err != nil {
 				ok, why, reads = false, err.Error(), 0
 			} else if reads++; reads >= 2 {
 				return nil
@@ -188,6 +199,8 @@ func waitReplicasCurrent(ctx context.Context, s *natsStream, limit time.Duration
 }
 
 func replicasCurrent(ctx context.Context, url, stream string) (bool, string) {
+	ctx, cancel := context.WithTimeout(ctx, clusterQueryTimeout)
+	defer cancel()
 	nc, js, err := natsConnect(url, "ferry-prove-checker")
 	if err != nil {
 		return false, err.Error()

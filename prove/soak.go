@@ -46,6 +46,10 @@ const (
 	soakRelayPause  = "relay-sigstop"    // relay-a SIGSTOPped past its lease, then SIGCONT: its late marks are fenced
 	soakOutage      = "broker-outage"    // the relays' broker connections black-holed, then reset
 	soakClusterKill = "nats-leader-kill" // --broker nats-cluster: the stream leader's server shut down and restarted
+	soakClusterCut  = "nats-partition"   // --broker nats-cluster: the stream leader cut off from the other nodes, healed
+	// The broker faults of brokerfaults.go, by their scenario names:
+	// kafkaLeaderMove and kafkaBrokerDown on kafka://kfake,
+	// rabbitConnDrop and rabbitChannelClose on amqp://.
 )
 
 // SoakReport is the outcome of RunSoak.
@@ -60,6 +64,9 @@ type SoakReport struct {
 	Rows []SoakRow `json:"rows"`
 	// Faults: every fault fired, in order.
 	Faults []SoakFault `json:"faults"`
+	// FaultsByKind: how many times each kind of the rotation fired (0:
+	// in the rotation, never reached before the period ended).
+	FaultsByKind map[string]int `json:"faults_by_kind"`
 	// Processes: every Ferry process, sampled after the first interval and
 	// at the end (after settling, before stopping).
 	Processes []SoakProcess `json:"processes"`
@@ -160,9 +167,13 @@ const soakStatusEvery = 500 * time.Millisecond
 // stacks as Run): producers commit at a steady rate for so.Period while
 // faults fire every so.FaultEvery, in turn — a relay subprocess SIGKILLed,
 // the consumer subprocess SIGKILLed, the other relay subprocess frozen past
-// its lease (unix), the relays' broker connections black-holed (or, on the
-// NATS cluster, the stream leader shut down) — then it settles and runs
-// the scenarios' checker over everything committed. WithEvents and
+// its lease (unix), the relays' broker connections black-holed (not on the
+// NATS cluster), then the broker faults of the stack, with the scenarios'
+// mechanisms: on the NATS cluster the stream leader shut down and the
+// leader partitioned; on kfake partition leaders moved and a broker taken
+// away; on RabbitMQ the relay's connection dropped and its channel closed
+// — then it settles and runs the scenarios' checker over everything
+// committed. WithEvents and
 // WithScenarios do not apply: the workload is Rate × Period transactions.
 // It needs a worker command (WithWorkerCommand): relays and consumer are
 // subprocesses so their memory and goroutines can be measured apart.
@@ -250,7 +261,7 @@ func runSoak(ctx context.Context, cfg *config, st *stack, so SoakOptions, txs in
 	var proxy faultSwitch
 	switch {
 	case st.cluster != nil:
-		kinds = append(kinds, soakClusterKill)
+		kinds = append(kinds, soakClusterKill, soakClusterCut)
 	case st.kfake != nil:
 		proxy = st.kfake
 		defer proxy.Set(faultproxy.Pass)
@@ -267,9 +278,16 @@ func runSoak(ctx context.Context, cfg *config, st *stack, so SoakOptions, txs in
 		}
 		u.Host = p.Addr()
 		relayJob.URL = u.String()
+		e.relayProxy = p // rabbitmq-connection-drop drives the same proxy
 	}
 	if proxy != nil {
 		kinds = append(kinds, soakOutage)
+	}
+	switch {
+	case st.kfake != nil:
+		kinds = append(kinds, kafkaLeaderMove, kafkaBrokerDown)
+	case tr.kind() == "rabbitmq":
+		kinds = append(kinds, rabbitConnDrop, rabbitChannelClose)
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
@@ -294,6 +312,11 @@ func runSoak(ctx context.Context, cfg *config, st *stack, so SoakOptions, txs in
 	for _, sp := range procs {
 		sp.supervise(runCtx, &wg, e)
 	}
+	// The relays are subprocesses: what their publishers classified
+	// (indeterminate, destination missing) reaches prove's recorder
+	// through their status files, for the RabbitMQ faults' own checks.
+	wg.Add(1)
+	go func() { defer wg.Done(); mirrorRelayCounts(runCtx, e.rec, procs[:2]) }()
 	supervise(runCtx, &wg, e.log, "effects", e.runRealEffects)
 
 	// Producers at a steady rate: transaction n may not end before
@@ -329,7 +352,10 @@ func runSoak(ctx context.Context, cfg *config, st *stack, so SoakOptions, txs in
 				return
 			}
 			kind, began := kinds[i%len(kinds)], since()
-			note, err := soakFault(prodCtx, e, kind, procs, proxy)
+			// A fault begun runs to its end (heal, restart, resume) even
+			// when the period ends meanwhile: cut short, a cluster fault
+			// would report its wait for a new leader as a failure.
+			note, err := soakFault(runCtx, e, kind, procs, proxy)
 			if err != nil {
 				e.rec.err(err)
 				note = "failed: " + err.Error()
@@ -441,6 +467,13 @@ settling:
 			viol = append(viol, fmt.Sprintf("fault %s at %s could not be injected: %s", fl.Kind, fl.At, strings.TrimPrefix(fl.Note, "failed: ")))
 		}
 	}
+	rep.FaultsByKind = map[string]int{}
+	for _, k := range kinds {
+		rep.FaultsByKind[k] = 0
+	}
+	for _, fl := range rep.Faults {
+		rep.FaultsByKind[fl.Kind]++
+	}
 	rep.Findings = growthFindings(rep.Processes)
 	res.Figures, res.Violations, res.Components = f, viol, e.components()
 	res.Elapsed = time.Since(start)
@@ -486,6 +519,10 @@ func soakFault(ctx context.Context, e *env, kind string, procs []*soakProc, prox
 		return "black-holed 1.5s, reset 0.3s, healed", nil
 	case soakClusterKill:
 		return runClusterFault(ctx, e, clusterLeaderKill)
+	case soakClusterCut:
+		return runClusterFault(ctx, e, clusterPartition)
+	case kafkaLeaderMove, kafkaBrokerDown, rabbitConnDrop, rabbitChannelClose:
+		return runBrokerFault(ctx, e, kind)
 	}
 	return "", fmt.Errorf("prove: unknown soak fault %q", kind)
 }
@@ -640,21 +677,70 @@ type workerStatus struct {
 	PID        int   `json:"pid"`
 	Goroutines int   `json:"goroutines"`
 	HeapKiB    int64 `json:"heap_kib"`
+	// PubIndeterminate, PubMissing: the worker's publish results its
+	// broker adapter classified indeterminate and destination-missing
+	// (recorder.pubIndeterminate, pubMissing), since it started.
+	PubIndeterminate int64 `json:"pub_indeterminate,omitempty"`
+	PubMissing       int64 `json:"pub_missing,omitempty"`
 }
 
-// writeWorkerStatus rewrites path with the process's goroutine count every
-// `every` until ctx ends (a worker subprocess, for the soak).
-func writeWorkerStatus(ctx context.Context, path string, every time.Duration) {
+// writeWorkerStatus rewrites path with the process's goroutine count and
+// rec's publish counts every `every` until ctx ends (a worker subprocess,
+// for the soak).
+func writeWorkerStatus(ctx context.Context, path string, every time.Duration, rec *recorder) {
 	if every <= 0 {
 		every = time.Second
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		b, _ := json.Marshal(workerStatus{PID: os.Getpid(), Goroutines: runtime.NumGoroutine(), HeapKiB: heapKiB()})
+		b, _ := json.Marshal(workerStatus{PID: os.Getpid(), Goroutines: runtime.NumGoroutine(), HeapKiB: heapKiB(),
+			PubIndeterminate: rec.pubIndeterminate.Load(), PubMissing: rec.pubMissing.Load()})
 		tmp := path + ".tmp"
 		if os.WriteFile(tmp, b, 0o600) == nil {
 			_ = os.Rename(tmp, path)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// mirrorRelayCounts adds what the relay subprocesses' status files report
+// (publishes left indeterminate or met with a missing destination) to rec,
+// so the broker faults that watch for them (rabbitmq-channel-closed waits
+// for the relay to hit the closed channel) see the subprocesses' calls.
+// A status file is rewritten every soakStatusEvery, so a count reaches rec
+// that much later; what a SIGKILLed relay counted after its last write is
+// lost with it.
+func mirrorRelayCounts(ctx context.Context, rec *recorder, relays []*soakProc) {
+	type seen struct {
+		pid                    int
+		indeterminate, missing int64
+	}
+	last := make([]seen, len(relays))
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		for i, sp := range relays {
+			var ws workerStatus
+			b, err := os.ReadFile(sp.job.StatusFile)
+			if err != nil || json.Unmarshal(b, &ws) != nil || ws.PID == 0 {
+				continue
+			}
+			if ws.PID != last[i].pid { // a new process counts from zero
+				last[i] = seen{pid: ws.PID}
+			}
+			if d := ws.PubIndeterminate - last[i].indeterminate; d > 0 {
+				rec.pubIndeterminate.Add(d)
+				last[i].indeterminate = ws.PubIndeterminate
+			}
+			if d := ws.PubMissing - last[i].missing; d > 0 {
+				rec.pubMissing.Add(d)
+				last[i].missing = ws.PubMissing
+			}
 		}
 		select {
 		case <-ctx.Done():

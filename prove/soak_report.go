@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -30,6 +32,30 @@ func count(n int) string {
 		return "-"
 	}
 	return fmt.Sprint(n)
+}
+
+// faultKinds is "kind n, kind n, ..." in the rotation's order of first
+// firing, then the kinds that never fired.
+func (r *SoakReport) faultKinds() string {
+	var parts []string
+	done := map[string]bool{}
+	for _, f := range r.Faults {
+		if !done[f.Kind] {
+			done[f.Kind] = true
+			parts = append(parts, fmt.Sprintf("%s %d", f.Kind, r.FaultsByKind[f.Kind]))
+		}
+	}
+	var never []string
+	for k, n := range r.FaultsByKind {
+		if n == 0 {
+			never = append(never, k)
+		}
+	}
+	sort.Strings(never)
+	for _, k := range never {
+		parts = append(parts, k+" 0")
+	}
+	return strings.Join(parts, ", ")
 }
 
 // WriteTable writes the soak report: one row per interval, the processes
@@ -70,7 +96,7 @@ func (r *SoakReport) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "(sampled at %s, after the first interval, and at %s, after settling; a restarted worker's end sample is of a younger process)\n",
 			r.Processes[0].Start.At.Round(time.Second), r.Processes[0].End.At.Round(time.Second))
 	}
-	fmt.Fprintf(w, "\nfaults (%d):\n", len(r.Faults))
+	fmt.Fprintf(w, "\nfaults (%d): %s\n", len(r.Faults), r.faultKinds())
 	for _, f := range r.Faults {
 		fmt.Fprintf(w, "  %8s  %-16s %s\n", f.At.Round(100*time.Millisecond), f.Kind, f.Note)
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferryhq/ferry/internal/testenv"
 )
 
 // TestSoakShortRun runs a 20 s soak at small scale with a row every 5 s
@@ -97,6 +99,89 @@ func TestSoakOptionsRejected(t *testing.T) {
 		_, err := RunSoak(context.Background(), so, small()...)
 		if !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%+v: err %v, want ErrInvalidConfig", so, err)
+		}
+	}
+}
+
+// runBrokerSoak runs a 30 s soak (10 tx/s, a fault every 2 s, a row every
+// 10 s) on the stack opts select and checks what every soak must show:
+// the checker passed (0 lost, phantom, duplicate applies and effects,
+// order violations), each of want fired at least once and never failed,
+// and every fault is counted in some row and in FaultsByKind.
+func runBrokerSoak(t *testing.T, want []string, opts ...Option) *SoakReport {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("soak: 30 s")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rep, err := RunSoak(ctx, SoakOptions{Period: 30 * time.Second, Interval: 10 * time.Second, FaultEvery: 2 * time.Second, Rate: 10}, small(opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(buf.String())
+	f := rep.Result.Figures
+	if rep.Failed() || f.Lost != 0 || f.Phantom != 0 || f.DuplicateApplies != 0 || f.DuplicateEffects != 0 || f.OrderViolations != 0 || f.Committed < 100 {
+		t.Fatalf("soak checker: status %s, violations %v, note %q, figures %+v", rep.Result.Status, rep.Result.Violations, rep.Result.Note, f)
+	}
+	inRows := 0
+	for _, r := range rep.Rows {
+		inRows += len(r.Faults)
+	}
+	if inRows != len(rep.Faults) {
+		t.Errorf("%d faults in the rows, %d fired", inRows, len(rep.Faults))
+	}
+	kinds := map[string]int{}
+	for _, fl := range rep.Faults {
+		kinds[fl.Kind]++
+		if strings.HasPrefix(fl.Note, "failed") {
+			t.Errorf("fault %s at %s: %s", fl.Kind, fl.At, fl.Note)
+		}
+	}
+	for _, k := range want {
+		if kinds[k] == 0 || rep.FaultsByKind[k] != kinds[k] {
+			t.Errorf("fault %s fired %d times (by kind: %d), want at least once: %+v", k, kinds[k], rep.FaultsByKind[k], rep.Faults)
+		}
+	}
+	if !strings.Contains(buf.String(), want[len(want)-1]+" ") {
+		t.Errorf("table does not count %s", want[len(want)-1])
+	}
+	return rep
+}
+
+// TestSoakKfakeBrokerFaults: on kfake the rotation includes the Kafka
+// scenarios' faults — partition leaders moved, a broker taken away and
+// added back — next to the process faults and the outage.
+func TestSoakKfakeBrokerFaults(t *testing.T) {
+	rep := runBrokerSoak(t, []string{soakRelayKill, soakInboxKill, soakOutage, kafkaLeaderMove, kafkaBrokerDown}, WithBroker("kafka://kfake"))
+	for _, fl := range rep.Faults {
+		if fl.Kind == kafkaLeaderMove && !strings.Contains(fl.Note, "partition leader moves") ||
+			fl.Kind == kafkaBrokerDown && !strings.Contains(fl.Note, "added back") {
+			t.Errorf("%s: note %q", fl.Kind, fl.Note)
+		}
+	}
+}
+
+// TestSoakNATSClusterFaults: on prove's NATS cluster the rotation has the
+// leader kill and the partition.
+func TestSoakNATSClusterFaults(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	runBrokerSoak(t, []string{soakRelayKill, soakInboxKill, soakClusterKill, soakClusterCut}, WithBroker(BrokerNATSCluster))
+}
+
+// TestSoakRabbitMQBrokerFaults: on RabbitMQ the rotation has the relay's
+// connection dropped and its channel closed; the channel fault waits for
+// a relay subprocess to report the closed channel (through its status
+// file), so it firing without "failed" shows that report arrives.
+func TestSoakRabbitMQBrokerFaults(t *testing.T) {
+	rep := runBrokerSoak(t, []string{soakRelayKill, soakInboxKill, soakOutage, rabbitConnDrop, rabbitChannelClose}, WithBroker(testenv.RabbitMQURL(t)))
+	for _, fl := range rep.Faults {
+		if fl.Kind == rabbitChannelClose && !strings.Contains(fl.Note, "held as destination missing") {
+			t.Errorf("%s: note %q", fl.Kind, fl.Note)
 		}
 	}
 }

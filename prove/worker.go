@@ -114,14 +114,14 @@ func RunWorker(ctx context.Context) error {
 		return fmt.Errorf("prove: worker database: %w", err)
 	}
 	defer db.Close()
-	if job.StatusFile != "" {
-		go writeWorkerStatus(ctx, job.StatusFile, job.StatusEvery)
-	}
 	e := &env{db: &database{db: db, drv: databasesql.New(db, dialect), dialect: dialect, drop: func() {}},
 		tr:   transportFromJob(job.Transport),
 		plan: &plan{events: map[string]*plannedEvent{}}, log: slog.New(slog.DiscardHandler),
 		rec: newRecorder(), reg: prometheus.NewRegistry()}
 	e.metrics = newMetrics(e.reg)
+	if job.StatusFile != "" {
+		go writeWorkerStatus(ctx, job.StatusFile, job.StatusEvery, e.rec)
+	}
 	if job.Role == "cdc" {
 		// package relay/cdc, SIGKILLed by the parent (cdc.go).
 		e.db.adminURL, e.db.schema = job.DatabaseURL, job.Schema
