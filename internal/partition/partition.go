@@ -204,9 +204,6 @@ func qualify(t ferry.Tables, name string) string {
 	return `"` + name + `"`
 }
 
-// Qualified is a partition's schema-qualified, quoted name.
-func Qualified(t ferry.Tables, p Part) string { return qualify(t, p.Name) }
-
 // Guard is what must hold for a partition to be dropped.
 type Guard struct {
 	// Cutoff: the partition must end at or before it, and every sent row
