@@ -31,7 +31,7 @@ func TestPartitionedOutboxCLI(t *testing.T) {
 	if out, err := runCLI(t, "migrate", "up", "--database-url", lite, "--partition-outbox", "24h"); err == nil || !strings.Contains(err.Error()+out, "--partition-outbox") {
 		t.Fatalf("sqlite: %v\n%s", err, out)
 	}
-	day := time.Now().UTC().Truncate(24*time.Hour).Add(-8 * 24 * time.Hour)
+	day := time.Now().UTC().Truncate(24 * time.Hour).Add(-8 * 24 * time.Hour)
 	if _, err := partition.Create(ctx, pgxv5.New(s.Pool).Executor(), ferry.Tables{}, day, 24*time.Hour); err != nil {
 		t.Fatal(err)
 	}
