@@ -254,9 +254,21 @@ func dropRelayConnection(ctx context.Context, e *env) (string, error) {
 	}
 	p.SetDelay(rabbitDropDelay)
 	e.markFaultWindow(true)
+	inFlight := func() int {
+		e.rec.mu.Lock()
+		defer e.rec.mu.Unlock()
+		return e.rec.pubInFlight
+	}
 	for i := 0; i < rabbitDrops && ctx.Err() == nil; i++ {
 		p.Set(faultproxy.Delay)
 		sleepCtx(ctx, 4*rabbitDropDelay)
+		// Reset while a publish awaits its confirm: on a loaded machine
+		// (CI under -race) the relay can be between batches when the
+		// slow window ends, and a drop then hits nothing (seen: 4 drops,
+		// 0 publishes left without a confirm). Wait up to 1 s for one.
+		for w := 0; w < 50 && inFlight() == 0 && ctx.Err() == nil; w++ {
+			sleepCtx(ctx, 20*time.Millisecond)
+		}
 		p.ResetAll()
 		p.Set(faultproxy.Pass)
 		e.faults.Add(1)

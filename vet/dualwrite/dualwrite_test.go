@@ -1,6 +1,7 @@
 package dualwrite_test
 
 import (
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -35,5 +36,16 @@ func TestNoFalsePositives(t *testing.T) {
 // shape, and read-only or write-free neighbours that must not be reported
 // (analysistest fails on any diagnostic without a want).
 func TestLibraries(t *testing.T) {
-	analysistest.Run(t, filepath.Join(analysistest.TestData(), "libs"), dualwrite.Analyzer, "./...")
+	dir := filepath.Join(analysistest.TestData(), "libs")
+	// analysistest loads the fixture module with GOPROXY=off, so its
+	// dependencies (GORM, sqlx, kafka-go, the AWS SDK: its own go.mod, not
+	// Ferry's) must be in the module cache first. A machine that never
+	// built them has an empty cache: download them through the configured
+	// proxy, as any build would.
+	cmd := exec.Command("go", "mod", "download")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go mod download in %s (the fixtures' dependencies): %v\n%s", dir, err, out)
+	}
+	analysistest.Run(t, dir, dualwrite.Analyzer, "./...")
 }
