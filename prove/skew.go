@@ -24,8 +24,14 @@ func skewClock(e *env, i int) func() time.Time {
 	case 1:
 		return func() time.Time { return time.Now().Add(relayTTL) }
 	}
+	// The steps follow the relay's reads, not the wall clock alone: the
+	// back step at the first read 200 ms after the first, the forward step
+	// at the first read 300 ms after the back step was read. With steps
+	// at fixed times a relay whose reads were more than 300 ms apart (a
+	// loaded CI machine under -race) skipped the back step: seen as "1
+	// clock steps read, want 2".
 	var mu sync.Mutex
-	var start time.Time
+	var start, backAt time.Time
 	steps := 0
 	return func() time.Time {
 		now := time.Now()
@@ -34,22 +40,21 @@ func skewClock(e *env, i int) func() time.Time {
 		if start.IsZero() {
 			start = now
 		}
-		off := time.Duration(0)
-		switch el := now.Sub(start); {
-		case el >= skewJumpForward:
-			off = relayTTL
-			if steps < 2 {
-				steps = 2
-				e.faults.Add(1)
-			}
-		case el >= skewJumpBack:
-			off = -relayTTL
-			if steps < 1 {
-				steps = 1
-				e.faults.Add(1)
-			}
+		switch {
+		case steps == 0 && now.Sub(start) >= skewJumpBack:
+			steps, backAt = 1, now
+			e.faults.Add(1)
+		case steps == 1 && now.Sub(backAt) >= skewJumpForward-skewJumpBack:
+			steps = 2
+			e.faults.Add(1)
 		}
-		return now.Add(off)
+		switch steps {
+		case 1:
+			return now.Add(-relayTTL)
+		case 2:
+			return now.Add(relayTTL)
+		}
+		return now
 	}
 }
 
