@@ -311,7 +311,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.partitionLoop(inner)
+			r.partitions().Maintain(inner, r.cfg.partitionEvery)
 		}()
 	}
 	wg.Wait()
@@ -370,15 +370,8 @@ func (r *Relay) start(ctx context.Context) error {
 	}
 	if parted {
 		// Before the first claim: producers must never find no partition.
-		// A relay that cannot create them (a role without CREATE on the
-		// schema) still starts while the partitions made earlier cover
-		// now; it logs each failure and retries every tick.
-		if err := r.ensurePartitions(ctx); err != nil {
-			parts, lerr := partition.List(ctx, exec, r.cfg.tables)
-			if lerr != nil || len(parts) == 0 || !parts[len(parts)-1].To.After(time.Now()) {
-				return err
-			}
-			r.log.WarnContext(ctx, "outbox partitions not created ahead; the existing ones last until "+parts[len(parts)-1].To.Format(time.RFC3339), logattr.Err(err))
+		if err := r.partitions().Start(ctx); err != nil {
+			return fmt.Errorf("relay: %w", err)
 		}
 	}
 	rows, err = exec.Query(ctx, r.q.checkShards, r.cfg.shards)
@@ -517,33 +510,7 @@ func (r *Relay) setBreaker(s BreakerState) bool {
 // sleep waits d or until ctx is done; it reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool { return backoff.Sleep(ctx, d) }
 
-// ensurePartitions creates the partitions of a partitioned outbox that the
-// next partition.DefaultAhead intervals need.
-func (r *Relay) ensurePartitions(ctx context.Context) error {
-	created, err := partition.Ensure(ctx, r.db.Executor(), r.cfg.tables, time.Now(), 0, partition.DefaultAhead)
-	if err != nil {
-		return fmt.Errorf("relay: create outbox partitions ahead: %w", err)
-	}
-	if len(created) > 0 {
-		r.log.InfoContext(ctx, "outbox partitions created ahead", "partitions", created)
-	}
-	return nil
-}
-
-// partitionLoop keeps the partitions ahead while the relay runs. A failure
-// is logged and retried at the next tick: the partitions made earlier
-// cover DefaultAhead intervals, so one failed tick costs nothing.
-func (r *Relay) partitionLoop(ctx context.Context) {
-	t := time.NewTicker(r.cfg.partitionEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := r.ensurePartitions(ctx); err != nil && ctx.Err() == nil {
-			r.log.WarnContext(ctx, "outbox partition maintenance failed; retried at the next tick", logattr.Err(err))
-		}
-	}
+// partitions is the relay's keeper of a partitioned outbox's partitions.
+func (r *Relay) partitions() partition.Keeper {
+	return partition.Keeper{Exec: r.db.Executor(), Tables: r.cfg.tables, Log: r.log}
 }

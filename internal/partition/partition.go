@@ -171,7 +171,9 @@ func Ensure(ctx context.Context, exec driver.Executor, t ferry.Tables, now time.
 func Create(ctx context.Context, exec driver.Executor, t ferry.Tables, from time.Time, interval time.Duration) (created bool, err error) {
 	from = from.UTC()
 	name := Name(t, from)
-	q := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
+	// No IF NOT EXISTS: it would skip an existing name silently and this
+	// call would report a partition it did not make.
+	q := fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
 		qualify(t, name), t.Name("outbox"), from.Format(time.RFC3339Nano), from.Add(interval).Format(time.RFC3339Nano))
 	if _, err := exec.Exec(ctx, q); err != nil {
 		if raced(err) {

@@ -16,8 +16,10 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/driver/pgxv5"
 	ibackoff "github.com/ferryhq/ferry/internal/backoff"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/partition"
 	"github.com/ferryhq/ferry/internal/sanitize"
 )
 
@@ -33,11 +35,10 @@ var (
 	// ErrPublicationMismatch: an existing publication or slot with the
 	// configured name does not fit (publishes other tables, not pgoutput,
 	// another database). Run stops: guessing would publish the wrong rows.
+	// On a partitioned outbox the publication must also publish via the
+	// partition root (publish_via_partition_root), so rows of partitions
+	// created later arrive as rows of the outbox.
 	ErrPublicationMismatch = errors.New("cdc: publication or slot does not match the outbox")
-	// ErrPartitionedOutbox: the outbox is partitioned
-	// (migrate.WithPartitionedOutbox), which the CDC relay does not
-	// support yet; Run stops before creating a publication or slot.
-	ErrPartitionedOutbox = errors.New("cdc: partitioned outbox not supported")
 )
 
 // Role is what a relay is doing with its slot.
@@ -221,7 +222,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrPublicationMismatch) || errors.Is(err, ErrPartitionedOutbox) {
+		if errors.Is(err, ErrPublicationMismatch) {
 			return err
 		}
 		r.log.WarnContext(ctx, "cdc: cannot resolve outbox table, retrying", logattr.Err(err))
@@ -233,6 +234,19 @@ func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
 	defer func() { stopBG(); wg.Wait() }()
+	if tgt.partitioned {
+		// Producers must never find no partition: every CDC relay, the
+		// standby too, keeps them created ahead, as the polling relay does.
+		keeper := partition.Keeper{Exec: pgxv5.New(pool).Executor(), Tables: tgt.tables, Log: r.log}
+		if err := keeper.Start(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("cdc: %w", err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); keeper.Maintain(bg, r.cfg.partitionEvery) }()
+	}
 	wg.Add(1)
 	go func() { defer wg.Done(); r.monitor(bg, pool) }()
 	if r.cfg.heartbeat > 0 {
@@ -258,7 +272,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				return nil
 			}
 			continue
-		case errors.Is(err, ErrPublicationMismatch), errors.Is(err, ErrPartitionedOutbox), errors.Is(err, ferry.ErrInvalidConfig):
+		case errors.Is(err, ErrPublicationMismatch), errors.Is(err, ferry.ErrInvalidConfig):
 			r.setError(err)
 			return err
 		}
@@ -280,6 +294,11 @@ type target struct {
 	name      string
 	qualified string // quoted schema.name
 	slotTable string // quoted cdc_slot bookkeeping table
+	// partitioned: the outbox is a partitioned table
+	// (migrate.WithPartitionedOutbox); tables names it for the partition
+	// keeper.
+	partitioned bool
+	tables      ferry.Tables
 }
 
 func resolveTarget(ctx context.Context, pool *pgxpool.Pool, t ferry.Tables) (target, error) {
@@ -300,6 +319,10 @@ func resolveTarget(ctx context.Context, pool *pgxpool.Pool, t ferry.Tables) (tar
 	}
 	if !ok {
 		return tg, fmt.Errorf("cdc: bookkeeping table %s not found (run `ferry migrate up`, migration 0006)", tg.slotTable)
+	}
+	tg.tables = ferry.Tables{Schema: tg.schema, Prefix: t.Prefix}
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = $1)`, tg.oid).Scan(&tg.partitioned); err != nil {
+		return tg, fmt.Errorf("cdc: inspect outbox: %w", err)
 	}
 	return tg, nil
 }

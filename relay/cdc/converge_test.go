@@ -170,11 +170,18 @@ type killRun struct {
 	// 3ms after each transaction).
 	writers int
 	pause   time.Duration
+	// partition, when set, runs on an outbox partitioned in ranges of it:
+	// the run crosses several partition boundaries.
+	partition time.Duration
 }
 
 func (kr killRun) run(t *testing.T) {
 	ctx := context.Background()
-	h := newHarness(t)
+	newH := newHarness
+	if kr.partition > 0 {
+		newH = func(t testing.TB) *harness { return newPartitionedHarness(t, kr.partition) }
+	}
+	h := newH(t)
 	k := startKafka(t)
 	stop := make(chan struct{})
 	writers, pause := kr.writers, kr.pause
@@ -248,6 +255,20 @@ func TestSIGKILLTableAgreesWithBroker(t *testing.T) {
 		t.Skip("kills processes; not in -short")
 	}
 	killRun{kills: 10, wantAgree: true, settleFor: 30 * time.Second, downBetween: 300 * time.Millisecond,
+		env:   []string{"RECONCILE=200ms"},
+		final: []cdc.Option{cdc.WithReconcileInterval(200 * time.Millisecond)}}.run(t)
+}
+
+// TestSIGKILLTableAgreesWithBrokerPartitioned is the same on an outbox
+// partitioned by the second: rows land in a dozen partitions, most of
+// them created by the relay processes (each start creates partitions
+// ahead), and every one of them reaches the broker and is marked in its
+// partition.
+func TestSIGKILLTableAgreesWithBrokerPartitioned(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills processes; not in -short")
+	}
+	killRun{kills: 10, wantAgree: true, settleFor: 30 * time.Second, downBetween: 300 * time.Millisecond, partition: time.Second,
 		env:   []string{"RECONCILE=200ms"},
 		final: []cdc.Option{cdc.WithReconcileInterval(200 * time.Millisecond)}}.run(t)
 }

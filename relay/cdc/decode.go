@@ -57,24 +57,7 @@ func (r *relation) decodeInsert(t *pglogrepl.TupleData) (ferry.Event, error) {
 	if t == nil {
 		return e, fmt.Errorf("%w: insert without tuple", ErrDecode)
 	}
-	col := func(name string) (string, bool, error) {
-		i, ok := r.index[name]
-		if !ok {
-			return "", false, nil
-		}
-		if i >= len(t.Columns) {
-			return "", false, fmt.Errorf("%w: column %s missing from tuple", ErrDecode, name)
-		}
-		c := t.Columns[i]
-		switch c.DataType {
-		case pglogrepl.TupleDataTypeText:
-			return string(c.Data), true, nil
-		case pglogrepl.TupleDataTypeNull:
-			return "", false, nil
-		default:
-			return "", false, fmt.Errorf("%w: column %s has tuple data type %q, want text", ErrDecode, name, c.DataType)
-		}
-	}
+	col := func(name string) (string, bool, error) { return r.column(t, name) }
 	text := func(name string, dst *string) error {
 		v, _, err := col(name)
 		*dst = v
@@ -138,6 +121,44 @@ func (r *relation) decodeInsert(t *pglogrepl.TupleData) (ferry.Event, error) {
 		return e, fmt.Errorf("%w: occurred_at: %w", ErrDecode, err)
 	}
 	return e, nil
+}
+
+// column is one column's text value; ok is false when the relation has
+// no such column or the value is NULL.
+func (r *relation) column(t *pglogrepl.TupleData, name string) (v string, ok bool, err error) {
+	i, ok := r.index[name]
+	if !ok {
+		return "", false, nil
+	}
+	if i >= len(t.Columns) {
+		return "", false, fmt.Errorf("%w: column %s missing from tuple", ErrDecode, name)
+	}
+	c := t.Columns[i]
+	switch c.DataType {
+	case pglogrepl.TupleDataTypeText:
+		return string(c.Data), true, nil
+	case pglogrepl.TupleDataTypeNull:
+		return "", false, nil
+	default:
+		return "", false, fmt.Errorf("%w: column %s has tuple data type %q, want text", ErrDecode, name, c.DataType)
+	}
+}
+
+// createdAt is the row's created_at: the partition key of a partitioned
+// outbox, with which its mark is pruned to the row's partition.
+func (r *relation) createdAt(t *pglogrepl.TupleData) (time.Time, error) {
+	s, ok, err := r.column(t, "created_at")
+	if err != nil {
+		return time.Time{}, err
+	}
+	if !ok {
+		return time.Time{}, fmt.Errorf("%w: created_at is null", ErrDecode)
+	}
+	ts, err := parseTimestamptz(s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: created_at: %w", ErrDecode, err)
+	}
+	return ts, nil
 }
 
 // decodeByteaHex parses bytea's hex text form ("\x0a0b…"). The replication

@@ -36,7 +36,12 @@
 // 'insert')`), and a persistent logical slot. Business tables, updates and
 // deletes of outbox rows (the relay's own status writes), rolled-back
 // transactions, and logical messages (heartbeats; the stream is started
-// with messages=false) never reach the broker. Each replicated row is
+// with messages=false) never reach the broker. On a partitioned outbox
+// (migrate.WithPartitionedOutbox) the publication also publishes via the
+// partition root, so rows of every partition, created later ones too,
+// arrive as outbox rows; the relay keeps partitions created ahead
+// ([WithPartitionMaintenance]) and marks each row in its own partition
+// (docs/PARTITIONING.md). Each replicated row is
 // decoded from pgoutput's text form into a [ferry.Event] and published
 // through a [broker.Publisher], the same interface and CloudEvents mapping
 // the polling relay uses, so consumers cannot tell the two apart.

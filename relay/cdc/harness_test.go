@@ -53,6 +53,17 @@ func newHarness(t testing.TB) *harness {
 	return newHarnessOn(t, testenv.NewPostgresSchema(t))
 }
 
+// newPartitionedHarness is newHarness on an outbox partitioned by
+// created_at in ranges of interval (migrate.WithPartitionedOutbox).
+func newPartitionedHarness(t testing.TB, interval time.Duration) *harness {
+	t.Helper()
+	s := testenv.NewPostgresSchema(t)
+	if _, err := migrate.Up(context.Background(), pgxv5.New(s.Pool), ferry.Tables{Schema: s.Schema}, migrate.WithPartitionedOutbox(interval)); err != nil {
+		t.Fatalf("migrate partitioned: %v", err)
+	}
+	return newHarnessOn(t, s)
+}
+
 // newHarnessOn is newHarness in a schema of the caller's choosing (e.g. on
 // a throwaway cluster).
 func newHarnessOn(t testing.TB, s *testenv.PostgresSchema) *harness {

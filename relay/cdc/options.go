@@ -35,24 +35,28 @@ type config struct {
 	registerer    prometheus.Registerer
 	faults        Faults
 	source        string
+	// partitionEvery: how often a partitioned outbox's partitions are
+	// created ahead (WithPartitionMaintenance)
+	partitionEvery time.Duration
 }
 
 func defaultConfig() config {
 	return config{
-		slot:          "ferry_cdc",
-		publication:   "ferry_cdc",
-		standby:       2 * time.Second,
-		acquire:       2 * time.Second,
-		monitor:       5 * time.Second,
-		flushInterval: 20 * time.Millisecond,
-		reconcile:     10 * time.Second,
-		visibleWait:   2 * time.Second,
-		maxBatch:      512,
-		maxPending:    4096,
-		backoffMin:    100 * time.Millisecond,
-		backoffMax:    5 * time.Second,
-		lagAlertBytes: 1 << 30,
-		lagAlertAge:   5 * time.Minute,
+		slot:           "ferry_cdc",
+		publication:    "ferry_cdc",
+		standby:        2 * time.Second,
+		acquire:        2 * time.Second,
+		monitor:        5 * time.Second,
+		flushInterval:  20 * time.Millisecond,
+		reconcile:      10 * time.Second,
+		visibleWait:    2 * time.Second,
+		maxBatch:       512,
+		maxPending:     4096,
+		backoffMin:     100 * time.Millisecond,
+		backoffMax:     5 * time.Second,
+		lagAlertBytes:  1 << 30,
+		lagAlertAge:    5 * time.Minute,
+		partitionEvery: 10 * time.Minute,
 	}
 }
 
@@ -129,6 +133,15 @@ func WithBackoff(min, max time.Duration) Option {
 // positive (default 1 GiB, 5 min).
 func WithLagAlert(bytes int64, age time.Duration) Option {
 	return func(c *config) { c.lagAlertBytes, c.lagAlertAge = bytes, age }
+}
+
+// WithPartitionMaintenance sets how often the relay makes sure a
+// partitioned outbox (migrate.WithPartitionedOutbox) has its partitions
+// for the next partition intervals created (default 10 min, like the
+// polling relay's; it also runs when the relay starts). Every CDC relay
+// does it, the standby too; on a plain outbox it does nothing.
+func WithPartitionMaintenance(every time.Duration) Option {
+	return func(c *config) { c.partitionEvery = every }
 }
 
 // WithLogger sets the structured logger. Without it (or with nil) the CDC
@@ -210,6 +223,7 @@ func (c *config) check() error {
 		{"reconcile_interval", c.reconcile, 10 * time.Millisecond, time.Hour},
 		{"backoff_min", c.backoffMin, time.Millisecond, time.Minute},
 		{"backoff_max", c.backoffMax, c.backoffMin, 10 * time.Minute},
+		{"partition_maintenance", c.partitionEvery, 100 * time.Millisecond, 24 * time.Hour},
 	} {
 		if d.v < d.min || d.v > d.max {
 			return &ferry.ConfigError{Field: d.field, Reason: fmt.Sprintf("must be in %v..%v, got %v", d.min, d.max, d.v)}

@@ -39,7 +39,10 @@ func pgCode(err error) string {
 
 // txn is one committed outbox transaction from the stream.
 type txn struct {
-	events     []ferry.Event
+	events []ferry.Event
+	// created holds each event's created_at on a partitioned outbox (nil
+	// otherwise): the marks name the row's partition with it.
+	created    []time.Time
 	end        pglogrepl.LSN // TransactionEndLSN: confirmed once every event is acked and recorded
 	commitTime time.Time
 }
@@ -48,7 +51,8 @@ type txn struct {
 type outcome struct {
 	id      uuid.UUID
 	receipt string
-	dead    string // non-empty: permanent failure, sanitised
+	dead    string    // non-empty: permanent failure, sanitised
+	created time.Time // the row's created_at (partitioned outbox only)
 }
 
 // flushItem is what the flusher records and then confirms.
@@ -169,22 +173,20 @@ func (r *Relay) session(ctx context.Context, pool *pgxpool.Pool, tgt target) err
 // ensurePublication creates the publication on first start (outbox table
 // only, inserts only) and otherwise checks it publishes exactly that table.
 func (r *Relay) ensurePublication(ctx context.Context, pool *pgxpool.Pool, tgt target) error {
-	// A partitioned outbox (migrate.WithPartitionedOutbox) would need a
-	// publication that publishes via the partition root and marks pruned
-	// to the row's partition: not built or tested yet, so refused.
-	var parted bool
-	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = $1)`, tgt.oid).Scan(&parted); err != nil {
-		return fmt.Errorf("cdc: inspect outbox: %w", err)
-	}
-	if parted {
-		return fmt.Errorf("%w: %s is partitioned; use the polling relay (docs/PARTITIONING.md)", ErrPartitionedOutbox, tgt.qualified)
+	// A partitioned outbox's rows live in its partitions, including ones
+	// created after the publication: published via the root, they all
+	// arrive as rows of the outbox (tgt.oid) and the publication needs no
+	// change when partitions come and go.
+	with := "publish = 'insert'"
+	if tgt.partitioned {
+		with += ", publish_via_partition_root = true"
 	}
 	var exists bool
 	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, r.cfg.publication).Scan(&exists); err != nil {
 		return fmt.Errorf("cdc: look up publication: %w", err)
 	}
 	if !exists {
-		_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %q FOR TABLE %s WITH (publish = 'insert')`, r.cfg.publication, tgt.qualified))
+		_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %q FOR TABLE %s WITH (%s)`, r.cfg.publication, tgt.qualified, with))
 		if err != nil && pgCode(err) != sqlstateDuplicateObject {
 			return fmt.Errorf("cdc: create publication %s: %w", r.cfg.publication, err)
 		}
@@ -192,18 +194,24 @@ func (r *Relay) ensurePublication(ctx context.Context, pool *pgxpool.Pool, tgt t
 			r.log.InfoContext(ctx, "cdc: publication created", "publication", r.cfg.publication, "table", tgt.qualified)
 		}
 	}
-	var all, insert, ours bool
+	var all, insert, ours, viaRoot bool
 	var others int
-	err := pool.QueryRow(ctx, `SELECT p.puballtables, p.pubinsert,
+	err := pool.QueryRow(ctx, `SELECT p.puballtables, p.pubinsert, p.pubviaroot,
 			EXISTS (SELECT 1 FROM pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid = $2),
 			(SELECT count(*) FROM pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid <> $2)
-		FROM pg_publication p WHERE p.pubname = $1`, r.cfg.publication, tgt.oid).Scan(&all, &insert, &ours, &others)
+		FROM pg_publication p WHERE p.pubname = $1`, r.cfg.publication, tgt.oid).Scan(&all, &insert, &viaRoot, &ours, &others)
 	if err != nil {
 		return fmt.Errorf("cdc: check publication: %w", err)
 	}
 	if all || !insert || !ours || others > 0 {
 		return fmt.Errorf("%w: publication %s must publish inserts of %s and nothing else (all_tables=%v insert=%v includes_outbox=%v other_tables=%d)",
 			ErrPublicationMismatch, r.cfg.publication, tgt.qualified, all, insert, ours, others)
+	}
+	if tgt.partitioned && !viaRoot {
+		// Without it pgoutput reports each row under its partition's
+		// relation, which is not the outbox: nothing would be published.
+		return fmt.Errorf("%w: %s is partitioned, so publication %s must be created WITH (publish_via_partition_root = true) (ALTER PUBLICATION %s SET (publish_via_partition_root = true))",
+			ErrPublicationMismatch, tgt.qualified, r.cfg.publication, r.cfg.publication)
 	}
 	return nil
 }
@@ -439,6 +447,13 @@ func (s *session) read(ctx context.Context) error {
 					return err
 				}
 				cur.events = append(cur.events, ev)
+				if s.tgt.partitioned {
+					at, err := rel.createdAt(m.Tuple)
+					if err != nil {
+						return err
+					}
+					cur.created = append(cur.created, at)
+				}
 			case *pglogrepl.CommitMessage:
 				if cur == nil {
 					return fmt.Errorf("%w: commit without begin", ErrDecode)
@@ -500,6 +515,7 @@ func (s *session) ship(ctx context.Context) error {
 	}
 	var batch []*txn
 	var events []ferry.Event
+	var created []time.Time
 	var rec reconcileState
 	var tick <-chan time.Time
 	if !s.r.cfg.faults.NoReconcile {
@@ -508,7 +524,7 @@ func (s *session) ship(ctx context.Context) error {
 		tick = t.C
 	}
 	for {
-		batch, events = batch[:0], events[:0]
+		batch, events, created = batch[:0], events[:0], created[:0]
 		select {
 		case <-ctx.Done():
 			return nil
@@ -519,19 +535,19 @@ func (s *session) ship(ctx context.Context) error {
 			continue
 		case t := <-s.txCh:
 			batch = append(batch, t)
-			events = append(events, t.events...)
+			events, created = append(events, t.events...), append(created, t.created...)
 		}
 	drain:
 		for len(events) < s.r.cfg.maxBatch {
 			select {
 			case t := <-s.txCh:
 				batch = append(batch, t)
-				events = append(events, t.events...)
+				events, created = append(events, t.events...), append(created, t.created...)
 			default:
 				break drain
 			}
 		}
-		outs, err := s.publishAll(ctx, events)
+		outs, err := s.publishAll(ctx, events, created)
 		if err != nil {
 			return err
 		}
@@ -556,12 +572,17 @@ func (s *session) ship(ctx context.Context) error {
 // publishAll publishes events until every one is acknowledged or
 // permanently refused. Transient failures are retried, in order, with
 // bounded backoff; while the broker does not answer Ping no attempt is
-// spent. It returns only on success or when ctx ends.
-func (s *session) publishAll(ctx context.Context, events []ferry.Event) ([]outcome, error) {
+// spent. It returns only on success or when ctx ends. created, when not
+// nil, holds each event's created_at (partitioned outbox), carried into its
+// outcome.
+func (s *session) publishAll(ctx context.Context, events []ferry.Event, created []time.Time) ([]outcome, error) {
 	outs := make([]outcome, len(events))
 	todo := make([]int, len(events))
 	for i := range events {
 		outs[i].id = events[i].ID
+		if i < len(created) {
+			outs[i].created = created[i]
+		}
 		todo[i] = i
 	}
 	b := backoff{min: s.r.cfg.backoffMin, max: s.r.cfg.backoffMax}
@@ -732,33 +753,23 @@ func (s *session) record(ctx context.Context, outs []outcome) error {
 // whose rows its snapshot did not contain (not yet visible).
 func (s *session) recordOnce(ctx context.Context, outs []outcome) ([]outcome, error) {
 	var sentIDs, receipts, deadIDs, deadErrs []string
+	var sentAt, deadAt []time.Time
 	for _, o := range outs {
 		if o.dead != "" {
-			deadIDs, deadErrs = append(deadIDs, o.id.String()), append(deadErrs, o.dead)
+			deadIDs, deadErrs, deadAt = append(deadIDs, o.id.String()), append(deadErrs, o.dead), append(deadAt, o.created)
 		} else {
-			sentIDs, receipts = append(sentIDs, o.id.String()), append(receipts, o.receipt)
+			sentIDs, receipts, sentAt = append(sentIDs, o.id.String()), append(receipts, o.receipt), append(sentAt, o.created)
 		}
 	}
-	// Data-modifying CTEs run to completion whether or not the main query
-	// reads them; the main query sees the statement's snapshot, so a row
-	// absent there is one this UPDATE could not have marked.
-	q := fmt.Sprintf(`WITH sent AS (
-    UPDATE %[1]s o SET status = 'sent', published_at = now(), broker_receipt = r.receipt, attempts = o.attempts + 1
-    FROM unnest($1::uuid[], $2::text[]) AS r(event_id, receipt)
-    WHERE o.event_id = r.event_id AND o.status = 'pending'
-    RETURNING 1
-), dead AS (
-    UPDATE %[1]s o SET status = 'dead', last_error = r.err, attempts = o.attempts + 1
-    FROM unnest($3::uuid[], $4::text[]) AS r(event_id, err)
-    WHERE o.event_id = r.event_id AND o.status = 'pending'
-    RETURNING 1
-)
-SELECT coalesce(array_agg(x.event_id::text), '{}') FROM unnest(array_cat($1::uuid[], $3::uuid[])) AS x(event_id)
-WHERE NOT EXISTS (SELECT 1 FROM %[1]s o WHERE o.event_id = x.event_id)`, s.tgt.qualified)
+	args := []any{sentIDs, receipts, deadIDs, deadErrs}
+	if s.tgt.partitioned {
+		args = append(args, sentAt, deadAt)
+	}
+	q := recordSQL(s.tgt)
 	b := backoff{min: s.r.cfg.backoffMin, max: s.r.cfg.backoffMax}
 	for {
 		var invisible []string
-		err := s.pool.QueryRow(ctx, q, sentIDs, receipts, deadIDs, deadErrs).Scan(&invisible)
+		err := s.pool.QueryRow(ctx, q, args...).Scan(&invisible)
 		if err == nil {
 			if len(invisible) == 0 {
 				return nil, nil
@@ -784,6 +795,43 @@ WHERE NOT EXISTS (SELECT 1 FROM %[1]s o WHERE o.event_id = x.event_id)`, s.tgt.q
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// recordSQL is recordOnce's statement: $1 sent event ids, $2 their
+// receipts, $3 dead event ids, $4 their errors and, on a partitioned
+// outbox, $5 and $6 the created_at of the sent and the dead rows.
+func recordSQL(tgt target) string {
+	// On a partitioned outbox every row is looked up by (event_id,
+	// created_at), the partition key included, so each lookup is pruned
+	// at run time to the row's own partition instead of probing every
+	// partition's index (measured: 3 instead of 17 buffers per row with
+	// 15 partitions).
+	sentBy, deadBy, visBy := "r(event_id, receipt)", "r(event_id, err)", "x(event_id)"
+	sentArr, deadArr, visArr := "$1::uuid[], $2::text[]", "$3::uuid[], $4::text[]", "array_cat($1::uuid[], $3::uuid[])"
+	sentOn, deadOn, visOn := "o.event_id = r.event_id", "o.event_id = r.event_id", "o.event_id = x.event_id"
+	if tgt.partitioned {
+		sentBy, deadBy, visBy = "r(event_id, receipt, created_at)", "r(event_id, err, created_at)", "x(event_id, created_at)"
+		sentArr, deadArr = sentArr+", $5::timestamptz[]", deadArr+", $6::timestamptz[]"
+		visArr = "array_cat($1::uuid[], $3::uuid[]), array_cat($5::timestamptz[], $6::timestamptz[])"
+		sentOn, deadOn, visOn = sentOn+" AND o.created_at = r.created_at", deadOn+" AND o.created_at = r.created_at",
+			visOn+" AND o.created_at = x.created_at"
+	}
+	// Data-modifying CTEs run to completion whether or not the main query
+	// reads them; the main query sees the statement's snapshot, so a row
+	// absent there is one this UPDATE could not have marked.
+	return fmt.Sprintf(`WITH sent AS (
+    UPDATE %[1]s o SET status = 'sent', published_at = now(), broker_receipt = r.receipt, attempts = o.attempts + 1
+    FROM unnest(%[2]s) AS %[3]s
+    WHERE %[4]s AND o.status = 'pending'
+    RETURNING 1
+), dead AS (
+    UPDATE %[1]s o SET status = 'dead', last_error = r.err, attempts = o.attempts + 1
+    FROM unnest(%[5]s) AS %[6]s
+    WHERE %[7]s AND o.status = 'pending'
+    RETURNING 1
+)
+SELECT coalesce(array_agg(x.event_id::text), '{}') FROM unnest(%[8]s) AS %[9]s
+WHERE NOT EXISTS (SELECT 1 FROM %[1]s o WHERE %[10]s)`, tgt.qualified, sentArr, sentBy, sentOn, deadArr, deadBy, deadOn, visArr, visBy, visOn)
 }
 
 // reconcileState is the reconciler's note between two ticks: the oldest
@@ -823,14 +871,14 @@ func (s *session) reconcile(ctx context.Context, st *reconcileState) error {
 		}
 		st.armed = false
 		q := fmt.Sprintf(`SELECT %s FROM %s WHERE status = 'pending' AND id = ANY($1) ORDER BY id`, pendingCols, s.tgt.qualified)
-		events, _, err := s.pendingEvents(ctx, q, st.ids)
+		events, created, _, err := s.pendingEvents(ctx, q, st.ids)
 		if err != nil {
 			return err
 		}
 		if len(events) > 0 {
 			s.r.log.WarnContext(ctx, "cdc: rows pending behind the slot's confirmed position; re-publishing them (broker dedup returns the original receipt) and marking them",
 				"rows", len(events), "first_event_id", events[0].ID, "confirmed_lsn", pglogrepl.LSN(s.confirmed.Load()).String(), "behind", st.w.String())
-			outs, err := s.publishAll(ctx, events)
+			outs, err := s.publishAll(ctx, events, created)
 			if err != nil {
 				return err
 			}
@@ -863,7 +911,7 @@ func (s *session) runCatchUp(ctx context.Context) error {
 		ORDER BY id LIMIT $2`, pendingCols, s.tgt.qualified)
 	var last, total int64
 	for {
-		events, maxID, err := s.pendingEvents(ctx, q, last, s.r.cfg.maxBatch, s.catchUpTo)
+		events, created, maxID, err := s.pendingEvents(ctx, q, last, s.r.cfg.maxBatch, s.catchUpTo)
 		if err != nil {
 			return err
 		}
@@ -871,7 +919,7 @@ func (s *session) runCatchUp(ctx context.Context) error {
 			break
 		}
 		last = maxID
-		outs, err := s.publishAll(ctx, events)
+		outs, err := s.publishAll(ctx, events, created)
 		if err != nil {
 			return err
 		}
@@ -891,36 +939,42 @@ func (s *session) runCatchUp(ctx context.Context) error {
 
 // pendingCols are the outbox columns pendingEvents scans, id first.
 const pendingCols = `id, event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
-		topic, shard, content_type, payload, occurred_at, traceparent, correlation_id, causation_id, principal, action, target`
+		topic, shard, content_type, payload, occurred_at, traceparent, correlation_id, causation_id, principal, action, target, created_at`
 
-// pendingEvents runs q (selecting pendingCols) and returns the events and
-// the highest outbox id read.
-func (s *session) pendingEvents(ctx context.Context, q string, args ...any) ([]ferry.Event, int64, error) {
+// pendingEvents runs q (selecting pendingCols) and returns the events,
+// their created_at on a partitioned outbox (nil otherwise) and the highest
+// outbox id read.
+func (s *session) pendingEvents(ctx context.Context, q string, args ...any) ([]ferry.Event, []time.Time, int64, error) {
 	rows, err := s.pool.Query(ctx, q, args...)
 	if err != nil {
-		return nil, 0, fmt.Errorf("cdc: read pending rows: %w", err)
+		return nil, nil, 0, fmt.Errorf("cdc: read pending rows: %w", err)
 	}
 	defer rows.Close()
 	var events []ferry.Event
+	var created []time.Time
 	var last int64
 	for rows.Next() {
 		var e ferry.Event
 		var sv, shard int32
 		var id int64
+		var at time.Time
 		if err := rows.Scan(&id, &e.ID, &e.TenantID, &e.AggregateType, &e.AggregateID, &e.AggregateSeq, &e.EventType, &sv,
 			&e.Topic, &shard, &e.ContentType, &e.Payload, &e.OccurredAt, &e.Headers.Traceparent, &e.Headers.CorrelationID,
-			&e.Headers.CausationID, &e.Headers.Principal, &e.Headers.Action, &e.Headers.Target); err != nil {
-			return nil, 0, fmt.Errorf("cdc: scan pending row: %w", err)
+			&e.Headers.CausationID, &e.Headers.Principal, &e.Headers.Action, &e.Headers.Target, &at); err != nil {
+			return nil, nil, 0, fmt.Errorf("cdc: scan pending row: %w", err)
 		}
 		e.SchemaVersion, e.Shard = int(sv), int(shard)
 		e.OccurredAt = e.OccurredAt.UTC()
 		events = append(events, e)
+		if s.tgt.partitioned {
+			created = append(created, at)
+		}
 		last = max(last, id)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("cdc: read pending rows: %w", err)
+		return nil, nil, 0, fmt.Errorf("cdc: read pending rows: %w", err)
 	}
-	return events, last, nil
+	return events, created, last, nil
 }
 
 // snapshotMaxID returns the highest outbox id visible in the exported
