@@ -450,17 +450,31 @@ type scaleStats struct {
 
 func (s scaleStats) lsnBytes(before scaleStats) int64 { return s.lsnDiff(s.lsn, before.lsn) }
 
+// outboxRels is the outbox and, when it is partitioned, its partitions:
+// a partitioned table's own statistics stay zero, its partitions' add up.
+const outboxRels = `WITH rel AS (
+    SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2
+    UNION ALL
+    SELECT i.inhrelid FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhparent JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = $1 AND c.relname = $2)
+`
+
 func scaleSnapshot(ctx context.Context, pool *pgxpool.Pool, schema string) (scaleStats, error) {
 	s := scaleStats{indexes: map[string][4]int64{}}
-	err := pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text, w.wal_records, w.wal_fpi,
-    t.n_tup_upd, t.n_tup_hot_upd, t.seq_tup_read, COALESCE(t.idx_scan, 0), COALESCE(t.idx_tup_fetch, 0), pg_relation_size(t.relid)
-FROM pg_stat_user_tables t, pg_stat_wal w WHERE t.schemaname = $1 AND t.relname = $2`, schema, ferry.Tables{}.Bare("outbox")).
+	err := pool.QueryRow(ctx, outboxRels+`SELECT pg_current_wal_insert_lsn()::text, w.wal_records, w.wal_fpi,
+    sum(t.n_tup_upd)::bigint, sum(t.n_tup_hot_upd)::bigint, sum(t.seq_tup_read)::bigint, sum(COALESCE(t.idx_scan, 0))::bigint,
+    sum(COALESCE(t.idx_tup_fetch, 0))::bigint, sum(pg_relation_size(t.relid))::bigint
+FROM pg_stat_user_tables t JOIN rel ON rel.oid = t.relid, pg_stat_wal w GROUP BY 1, 2, 3`, schema, ferry.Tables{}.Bare("outbox")).
 		Scan(&s.lsn, &s.walRecords, &s.walFPI, &s.upd, &s.hot, &s.seqRead, &s.idxScan, &s.idxFetch, &s.heapBytes)
 	if err != nil {
 		return s, fmt.Errorf("bench relay: statistics: %w", err)
 	}
-	rows, err := pool.Query(ctx, `SELECT indexrelname, idx_scan, idx_tup_read, idx_tup_fetch, pg_relation_size(indexrelid)
-FROM pg_stat_user_indexes WHERE schemaname = $1 AND relname = $2`, schema, ferry.Tables{}.Bare("outbox"))
+	// A partition's index counts under its partitioned index's name.
+	rows, err := pool.Query(ctx, outboxRels+`SELECT COALESCE(pc.relname, ic.relname), sum(s.idx_scan)::bigint, sum(s.idx_tup_read)::bigint,
+    sum(s.idx_tup_fetch)::bigint, sum(pg_relation_size(s.indexrelid))::bigint
+FROM pg_stat_user_indexes s JOIN rel ON rel.oid = s.relid JOIN pg_class ic ON ic.oid = s.indexrelid
+LEFT JOIN pg_inherits ii ON ii.inhrelid = s.indexrelid LEFT JOIN pg_class pc ON pc.oid = ii.inhparent
+GROUP BY 1`, schema, ferry.Tables{}.Bare("outbox"))
 	if err != nil {
 		return s, fmt.Errorf("bench relay: index statistics: %w", err)
 	}
