@@ -348,14 +348,24 @@ func (c *config) check() error {
 }
 
 // checkPool warns when db's pool cap (driver.PoolSizer) is below what the
-// relay's workers need: one connection each plus one for the lease loop.
-func checkPool(log *slog.Logger, db DB, workers int) {
+// relay needs: one connection per worker, one for the lease loop and, when
+// the LISTEN connection comes from the same pool (WithListener with db's
+// own pool), the one it holds for good.
+func checkPool(log *slog.Logger, db DB, c *config) {
 	maxConns, ok := driver.MaxConns(db)
-	if !ok || db.Dialect() == driver.SQLite || maxConns >= workers+1 {
+	if !ok || db.Dialect() == driver.SQLite {
 		return
 	}
-	log.Warn(fmt.Sprintf("relay: database pool max conns %d < relay workers %d + 1: workers wait for connections and leases renew late; set pool_max_conns>=%d (pgxpool) or SetMaxOpenConns(%d) (database/sql), or WithWorkers(%d)",
-		maxConns, workers, workers+1, workers+1, max(1, maxConns-1)), "pool_max_conns", maxConns, "workers", workers, "need", workers+1)
+	need, what := c.workers+1, "the lease loop"
+	if p, ok := db.(interface{ Pool() *pgxpool.Pool }); ok && c.listenPool != nil && p.Pool() == c.listenPool {
+		need, what = need+1, "the lease loop + the LISTEN connection"
+	}
+	if maxConns >= need {
+		return
+	}
+	log.Warn(fmt.Sprintf("relay: database pool max conns %d < %d (relay workers %d + %s): workers wait for connections and leases renew late; set pool_max_conns>=%d (pgxpool) or SetMaxOpenConns(%d) (database/sql), or WithWorkers(%d)",
+		maxConns, need, c.workers, what, need, need, max(1, maxConns-(need-c.workers))),
+		"pool_max_conns", maxConns, "workers", c.workers, "need", need)
 }
 
 func defaultInstanceID() string {

@@ -211,7 +211,7 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 	for range cfg.workers {
 		r.wake = append(r.wake, make(chan struct{}, 1))
 	}
-	checkPool(r.log, db, cfg.workers)
+	checkPool(r.log, db, &cfg)
 	return r, nil
 }
 

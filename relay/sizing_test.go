@@ -32,7 +32,8 @@ func (s *syncBuf) String() string {
 }
 
 // TestPoolSizingWarning: New warns when the pool cannot serve the relay's
-// workers (naming both numbers and the fix); a sufficient pool logs nothing.
+// workers, its lease loop and a LISTEN connection taken from the same pool
+// (naming the numbers and the fix); a sufficient pool logs nothing.
 func TestPoolSizingWarning(t *testing.T) {
 	n := startEmbeddedNATS(t)
 	pub := n.publisher(t)
@@ -44,10 +45,13 @@ func TestPoolSizingWarning(t *testing.T) {
 	for _, c := range []struct {
 		maxConns string
 		workers  int
+		listen   bool
 		want     []string
 	}{
-		{"2", 4, []string{"max conns 2 < relay workers 4", "pool_max_conns>=5", "WithWorkers(1)"}},
-		{"5", 4, nil},
+		{"2", 4, false, []string{"max conns 2 < 5 (relay workers 4 + the lease loop)", "pool_max_conns>=5", "WithWorkers(1)"}},
+		{"5", 4, false, nil},
+		{"5", 4, true, []string{"max conns 5 < 6 (relay workers 4 + the lease loop + the LISTEN connection)", "pool_max_conns>=6", "WithWorkers(3)"}},
+		{"6", 4, true, nil},
 	} {
 		pool, err := pgxpool.New(context.Background(), base+sep+"pool_max_conns="+c.maxConns)
 		if err != nil {
@@ -55,7 +59,11 @@ func TestPoolSizingWarning(t *testing.T) {
 		}
 		var buf syncBuf
 		log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		_, err = New(pgxv5.New(pool), pub, WithWorkers(c.workers), WithLogger(log))
+		opts := []Option{WithWorkers(c.workers), WithLogger(log)}
+		if c.listen {
+			opts = append(opts, WithListener(pool, "ferry_outbox"))
+		}
+		_, err = New(pgxv5.New(pool), pub, opts...)
 		pool.Close()
 		if err != nil {
 			t.Fatal(err)

@@ -167,7 +167,10 @@ func benchRelayRun(ctx context.Context, f *benchRelayFlags, kind string, notify 
 		defer drop()
 		return benchRelayMeasure(ctx, f, kind, suffix, drv, drv, nil)
 	}
-	pool, drop, err := benchPGScratch(ctx, f.dbURL, "ferry_bench_"+suffix, nil)
+	// The relay's workers, lease loop and LISTEN, the producer and the
+	// measurement's own queries (pgxpool's default, max(4, CPUs), made the
+	// workers wait for connections on two cores).
+	pool, drop, err := benchPGScratch(ctx, f.dbURL, "ferry_bench_"+suffix, func(c *pgxpool.Config) { c.MaxConns = int32(f.workers + 4) })
 	if err != nil {
 		return benchResult{}, err
 	}

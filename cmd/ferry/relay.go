@@ -198,6 +198,10 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
+	// A connection per worker, the lease loop, LISTEN and scheduled
+	// cleanup: pgxpool's default (max(4, CPUs)) would leave workers
+	// waiting for connections on a small machine.
+	f.store.minConns = f.workers + 3
 	st, err := f.store.open(ctx, cmd)
 	if err != nil {
 		return err

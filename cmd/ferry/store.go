@@ -27,6 +27,11 @@ type storeFlags struct {
 	url    string
 	schema string
 	prefix string
+	// minConns, when set, is the smallest Postgres pool the command needs
+	// (ferry relay: its workers, lease loop, LISTEN and cleanup); it
+	// raises pgxpool's default (max(4, CPUs)) unless the URL sets
+	// pool_max_conns itself.
+	minConns int
 }
 
 func (f *storeFlags) register(cmd *cobra.Command) {
@@ -49,6 +54,19 @@ type store struct {
 }
 
 func (s *store) Dialect() driver.Dialect { return s.dialect }
+
+// MaxConns is the pool's cap (driver.PoolSizer), so the relay can check it
+// against its workers.
+func (s *store) MaxConns() int {
+	if s.pgx != nil {
+		return s.pgx.MaxConns()
+	}
+	return s.sql.MaxConns()
+}
+
+// Pool is the Postgres pool (nil otherwise): the relay counts a LISTEN
+// connection taken from it.
+func (s *store) Pool() *pgxpool.Pool { return s.pool }
 
 // Executor runs on the pool.
 func (s *store) Executor() driver.Executor {
@@ -104,12 +122,12 @@ func (f *storeFlags) openWith(ctx context.Context, cmd *cobra.Command, create bo
 	if err := f.tables().Check(); err != nil {
 		return nil, err
 	}
-	return openDatabase(ctx, f.url, f.tables(), create)
+	return openDatabase(ctx, f.url, f.tables(), create, f.minConns)
 }
 
 // openStore opens url without creating anything (see openDatabase).
 func openStore(ctx context.Context, url string, tables ferry.Tables) (*store, error) {
-	return openDatabase(ctx, url, tables, false)
+	return openDatabase(ctx, url, tables, false, 0)
 }
 
 // errUnsupportedDatabase is returned for a --database-url Ferry cannot open.
@@ -156,15 +174,24 @@ func sqlitePath(raw, path string) (driver.Dialect, string, error) {
 func redactURL(raw string) string { return logattr.RedactURL(raw) }
 
 // openDatabase connects. A SQLite file is created only when create is set
-// (ferry migrate up); every other command refuses a missing file.
-func openDatabase(ctx context.Context, url string, tables ferry.Tables, create bool) (*store, error) {
+// (ferry migrate up); every other command refuses a missing file. A
+// Postgres pool gets at least minConns connections unless the URL sets
+// pool_max_conns.
+func openDatabase(ctx context.Context, url string, tables ferry.Tables, create bool, minConns int) (*store, error) {
 	dialect, target, err := parseDatabaseURL(url)
 	if err != nil {
 		return nil, err
 	}
 	switch dialect {
 	case driver.Postgres:
-		pool, err := pgxpool.New(ctx, target)
+		cfg, err := pgxpool.ParseConfig(target)
+		if err != nil {
+			return nil, fmt.Errorf("connect postgres: %w", err)
+		}
+		if int(cfg.MaxConns) < minConns && !strings.Contains(target, "pool_max_conns") {
+			cfg.MaxConns = int32(minConns)
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("connect postgres: %w", err)
 		}
