@@ -44,6 +44,7 @@ type benchRelayFlags struct {
 	backlog   int
 	tableRows int
 	partition time.Duration // --partition-outbox: the outbox partitioned by created_at
+	prototype string        // --prototype: "watermark" drains with statebench.WatermarkDrain
 	asJSON    bool
 }
 
@@ -88,6 +89,7 @@ high-water mark, producer included: an upper bound for the relay's.`,
 	fl.IntVar(&f.tableRows, "table-rows", 0, "with --backlog: sent rows already in the outbox (ids below the backlog's)")
 	fl.DurationVar(&f.partition, "partition-outbox", 0, "with --backlog: a partitioned outbox in ranges of this length (migrate --partition-outbox)")
 	fl.BoolVar(&f.asJSON, "json", false, "with --backlog: print one JSON object")
+	fl.StringVar(&f.prototype, "prototype", "", `with --backlog: "watermark" drains with a prototype of #17's recommended design (claim from a per-shard watermark, one watermark UPDATE per batch, event rows never updated; no leases, fences or failure handling) instead of the relay`)
 	return cmd
 }
 

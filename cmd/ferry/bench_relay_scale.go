@@ -41,12 +41,16 @@ type scaleReport struct {
 	TableRows int    `json:"table_rows"`
 	// PartitionSeconds: the outbox's partition interval (0: a plain table).
 	PartitionSeconds float64 `json:"partition_interval_seconds,omitempty"`
-	Payload          int     `json:"payload_bytes"`
-	Aggregates       int     `json:"aggregates"`
-	Workers          int     `json:"workers"`
-	Batch            int     `json:"batch_size"`
-	LoadStart        string  `json:"load_start"`
-	LoadEnd          string  `json:"load_end"`
+	// Prototype: the drain ran statebench.WatermarkDrain, not the relay.
+	Prototype string `json:"prototype,omitempty"`
+	// PrototypeMarks: the watermark UPDATE statements the prototype ran.
+	PrototypeMarks int64  `json:"prototype_marks,omitempty"`
+	Payload        int    `json:"payload_bytes"`
+	Aggregates     int    `json:"aggregates"`
+	Workers        int    `json:"workers"`
+	Batch          int    `json:"batch_size"`
+	LoadStart      string `json:"load_start"`
+	LoadEnd        string `json:"load_end"`
 
 	PrefillSeconds float64 `json:"prefill_seconds"`
 	DrainSeconds   float64 `json:"drain_seconds"`
@@ -202,8 +206,11 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 	if f.tableRows < 0 || f.aggs < 1 || f.payload < 2 {
 		return errors.New("--table-rows must be >= 0, --aggregates >= 1, --payload-bytes >= 2")
 	}
+	if f.prototype != "" && f.prototype != "watermark" {
+		return fmt.Errorf(`--prototype must be "" or "watermark" (got %q)`, f.prototype)
+	}
 	rep := scaleReport{Broker: f.brokerURL, Backlog: f.backlog, TableRows: f.tableRows, Payload: f.payload, Aggregates: f.aggs,
-		Workers: f.workers, Batch: f.batch, LoadStart: loadAvg()}
+		Workers: f.workers, Batch: f.batch, LoadStart: loadAvg(), Prototype: f.prototype}
 	if !f.asJSON {
 		fmt.Fprintf(out, "ferry bench relay --backlog %d --table-rows %d: broker %s, %d-byte payloads over %d aggregates, workers %d, batch %d\nload average at start: %s\n",
 			f.backlog, f.tableRows, f.brokerURL, f.payload, f.aggs, f.workers, f.batch, rep.LoadStart)
@@ -269,7 +276,12 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 	cpu0 := producebench.ReadCPU()
 	start := time.Now()
 	want := uint64(f.backlog)
-	err = scaleRelay(ctx, pgxv5.New(dpool), pub, ropts, func(r *relay.Relay) bool { return r.Status().Published >= want })
+	proto := statebench.WatermarkDrain{Pool: dpool, Publisher: pub, Workers: f.workers, Batch: f.batch}
+	if f.prototype == "" {
+		err = scaleRelay(ctx, pgxv5.New(dpool), pub, ropts, func(r *relay.Relay) bool { return r.Status().Published >= want })
+	} else {
+		_, rep.PrototypeMarks, err = proto.Run(ctx, f.backlog)
+	}
 	elapsed := time.Since(start)
 	cpu1 := producebench.ReadCPU()
 	rep.PeakRSSMB = float64(benchPeakRSS()) / (1 << 20)
@@ -288,13 +300,25 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 	if cpu0.Server >= 0 && cpu1.Server >= 0 {
 		rep.ServerCPUus = float64((cpu1.Server-cpu0.Server)/time.Microsecond) / n
 	}
-	after, err := scaleSnapshotSettled(ctx, pool, schema, before.upd+int64(f.backlog))
+	wantUpd := before.upd + int64(f.backlog)
+	if f.prototype != "" {
+		wantUpd = before.upd // the prototype never updates an event row
+	}
+	after, err := scaleSnapshotSettled(ctx, pool, schema, wantUpd)
 	if err != nil {
 		return err
 	}
 	var sent, total int64
 	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FROM `+ferry.Tables{}.Name("outbox")).Scan(&sent, &total); err != nil {
 		return err
+	}
+	if f.prototype != "" {
+		proto.Pool = pool
+		covered, err := proto.WatermarkCovers(ctx)
+		if err != nil {
+			return err
+		}
+		sent += covered - int64(f.tableRows) // the table's sent rows lie below the watermark too
 	}
 	if sent != int64(f.backlog+f.tableRows) || total != sent {
 		return fmt.Errorf("bench relay: %d of %d rows sent after the drain, want all %d", sent, total, f.backlog+f.tableRows)
@@ -521,6 +545,10 @@ func scaleSnapshotSettled(ctx context.Context, pool *pgxpool.Pool, schema string
 func printScale(out io.Writer, r *scaleReport) {
 	fmt.Fprintf(out, "prefill   %d sent + %d pending rows in %.1fs (INSERT … SELECT generate_series, VACUUM ANALYZE)\n", r.TableRows, r.Backlog, r.PrefillSeconds)
 	fmt.Fprintf(out, "drain     %8d events in %6.2fs %8.0f events/s\n", r.Backlog, r.DrainSeconds, r.DrainPerSec)
+	if r.Prototype != "" {
+		fmt.Fprintf(out, "prototype %s: not the relay (no leases, fences, failures or late commits); %d watermark UPDATEs, event rows never updated\n",
+			r.Prototype, r.PrototypeMarks)
+	}
 	fmt.Fprintf(out, "broker    %8.0f events/s (plain async publisher, same payloads, no database)\n", r.BrokerPerSec)
 	fmt.Fprintf(out, "ratio     drain / broker = %.2f\n", r.Ratio)
 	for _, c := range []struct {
@@ -531,9 +559,11 @@ func printScale(out io.Writer, r *scaleReport) {
 			c.name, c.e.ExecutionMS, c.e.PlanningMS, c.e.SharedHit, c.e.SharedRead, c.e.SharedDirty, c.e.Rows, c.e.ClaimShards, c.e.ClaimPerShrd)
 		fmt.Fprintf(out, "          plan: %s\n", strings.Join(c.e.Plan, " > "))
 	}
-	fmt.Fprintf(out, "phases    during the drain: %d claims mean %.2f ms p99 %.2f ms; %d marks mean %.2f ms p99 %.2f ms\n",
-		r.Claims.Count, r.Claims.MeanMS, r.Claims.P99MS, r.Marks.Count, r.Marks.MeanMS, r.Marks.P99MS)
-	fmt.Fprintf(out, "wal       %.0f bytes/event, %.2f records/event, %.3f full-page images/event (cluster-wide: includes other sessions' WAL)\n",
+	if r.Prototype == "" { // the prototype's statements are not the relay's
+		fmt.Fprintf(out, "phases    during the drain: %d claims mean %.2f ms p99 %.2f ms; %d marks mean %.2f ms p99 %.2f ms\n",
+			r.Claims.Count, r.Claims.MeanMS, r.Claims.P99MS, r.Marks.Count, r.Marks.MeanMS, r.Marks.P99MS)
+	}
+	fmt.Fprintf(out, "wal       %.1f bytes/event, %.2f records/event, %.3f full-page images/event (cluster-wide: includes other sessions' WAL)\n",
 		r.WALBytesPerEvent, r.WALRecsPerEvent, r.WALFPIPerEvent)
 	t := r.Table
 	fmt.Fprintf(out, "outbox    per event: n_tup_upd %.2f, n_tup_hot_upd %.2f, idx_scan %.3f, idx_tup_fetch %.2f, seq_tup_read %.2f, heap +%.0f bytes\n",

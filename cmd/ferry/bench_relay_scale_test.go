@@ -92,3 +92,35 @@ func TestBenchRelayBacklog(t *testing.T) {
 		t.Errorf("--backlog on mysql: err = %v, want a refusal naming the flag", err)
 	}
 }
+
+// `--prototype watermark` drains the same pre-filled backlog with the
+// prototype of #17's recommended design: every row ends at or below its
+// shard's watermark (the bench checks it and fails otherwise), no event row
+// is updated, and a watermark UPDATE ran per batch. An unknown prototype is
+// refused, naming the flag.
+func TestBenchRelayPrototypeWatermark(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: fills and drains a 7,000-row outbox")
+	}
+	pg := testenv.PostgresURL(t)
+	nats := testenv.NATSURL(t)
+	out, err := runCLI(t, "bench", "relay", "--database-url", pg, "--broker-url", nats,
+		"--backlog", "2000", "--table-rows", "5000", "--prototype", "watermark", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var rep scaleReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not a report: %v\n%s", err, out)
+	}
+	if rep.Prototype != "watermark" || !(rep.DrainPerSec > 0) || rep.PrototypeMarks < 1 {
+		t.Errorf("prototype report %+v", rep)
+	}
+	if rep.Table.Updates != 0 {
+		t.Errorf("n_tup_upd per event = %v, want 0: the prototype never updates an event row", rep.Table.Updates)
+	}
+	out, err = runCLI(t, "bench", "relay", "--database-url", pg, "--broker-url", nats, "--backlog", "10", "--prototype", "hot")
+	if err == nil || !strings.Contains(err.Error()+out, "--prototype") {
+		t.Errorf("--prototype hot: %v\n%s", err, out)
+	}
+}

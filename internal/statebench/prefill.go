@@ -2,7 +2,9 @@
 // (#17 item 1): today's status update, a HOT mark, a narrow state table, a
 // per-shard watermark with an exceptions table and COPY-based marks, each
 // on a scratch outbox built by Ferry's own migrations. It also holds the
-// server-side outbox pre-fill that `ferry bench relay --backlog` uses.
+// server-side outbox pre-fill that `ferry bench relay --backlog` uses, and
+// WatermarkDrain, the prototype drain of the recommended design behind
+// `ferry bench relay --backlog N --prototype watermark`.
 // Benchmark code: nothing in it runs in production.
 package statebench
 
