@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -18,6 +19,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/kafka"
+	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/outbox"
 )
 
@@ -54,7 +56,18 @@ func benchDrain(b *testing.B, s *store, pub broker.Publisher, extra ...Option) {
 	b.StopTimer()
 	b.ReportAllocs()
 	prefill(b, s.insert, b.N)
-	r, err := New(s.db, pub, append([]Option{WithShardCount(s.shards)}, extra...)...)
+	db := s.db
+	if s.pool != nil {
+		// A pool for the relay's workers and lease loop: the schema's
+		// default pool (max(4, CPUs)) made workers wait on two cores.
+		pool, err := pgxpool.New(context.Background(), s.url+"&pool_max_conns="+strconv.Itoa(DefaultWorkers+2))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pool.Close()
+		db = pgxv5.New(pool)
+	}
+	r, err := New(db, pub, append([]Option{WithShardCount(s.shards)}, extra...)...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -258,22 +258,23 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 // broker ahead of it).
 func orderBatch(b []claimed) []claimed {
 	sort.Slice(b, func(i, j int) bool { return b[i].id < b[j].id })
-	last := map[aggKey]int64{}
-	stop := map[aggKey]bool{}
+	type run struct {
+		last int64 // the aggregate's last sequence kept
+		stop bool  // nothing more of the aggregate in this batch
+	}
+	runs := make(map[aggKey]run, len(b))
 	out := b[:0]
 	for _, c := range b {
 		k := keyOf(&c.ev)
-		if stop[k] {
+		r, seen := runs[k]
+		if r.stop {
 			continue
 		}
-		if prev, ok := last[k]; ok && c.ev.AggregateSeq != prev+1 {
-			stop[k] = true
+		if seen && c.ev.AggregateSeq != r.last+1 {
+			runs[k] = run{stop: true}
 			continue
 		}
-		last[k] = c.ev.AggregateSeq
-		if c.attempts > 0 {
-			stop[k] = true
-		}
+		runs[k] = run{last: c.ev.AggregateSeq, stop: c.attempts > 0}
 		out = append(out, c)
 	}
 	return out

@@ -112,6 +112,30 @@ const (
 	ExtTarget        = "target"        // headers.target
 )
 
+// headerKeys are the header names Encode writes in one binding.
+type headerKeys struct {
+	specVersion, id, source, typ, subject, time                        string
+	sequence, partitionKey, tenantID, aggregateType, schemaVersion     string
+	traceparent, correlationID, causationID, principal, action, target string
+}
+
+// encodeKeys holds them per binding, computed once (read-only after
+// init): Encode runs for every published event, and joining prefix and
+// name for each of its headers was most of its allocations.
+var encodeKeys = func() (out [AMQP + 1]headerKeys) {
+	for b := NATS; b <= AMQP; b++ {
+		p := b.Prefix()
+		out[b] = headerKeys{
+			specVersion: p + AttrSpecVersion, id: p + AttrID, source: p + AttrSource, typ: p + AttrType,
+			subject: p + AttrSubject, time: p + AttrTime, sequence: p + ExtSequence, partitionKey: p + ExtPartitionKey,
+			tenantID: p + ExtTenantID, aggregateType: p + ExtAggregateType, schemaVersion: p + ExtSchemaVersion,
+			traceparent: p + ExtTraceparent, correlationID: p + ExtCorrelationID, causationID: p + ExtCausationID,
+			principal: p + ExtPrincipal, action: p + ExtAction, target: p + ExtTarget,
+		}
+	}
+	return out
+}()
+
 // EncodeOptions tunes Encode.
 type EncodeOptions struct {
 	// Source is the CloudEvents source attribute, a URI-reference naming
@@ -159,7 +183,6 @@ func Encode(b Binding, ev ferry.Event, opts EncodeOptions) (headers map[string]s
 	if !b.Valid() {
 		panic(fmt.Sprintf("cloudevents: Encode with undefined binding %d", int(b)))
 	}
-	p := b.Prefix()
 	source := opts.Source
 	if source == "" {
 		source = DefaultSource
@@ -168,35 +191,36 @@ func Encode(b Binding, ev ferry.Event, opts EncodeOptions) (headers map[string]s
 	if ct == "" {
 		ct = ferry.DefaultContentType
 	}
+	k := &encodeKeys[b]
 	h := make(map[string]string, 16)
-	h[p+AttrSpecVersion] = SpecVersion
-	h[p+AttrID] = ev.ID.String()
-	h[p+AttrSource] = source
-	h[p+AttrType] = ev.EventType
-	h[p+AttrSubject] = ev.AggregateID
-	h[p+AttrTime] = ev.OccurredAt.UTC().Format(time.RFC3339Nano)
+	h[k.specVersion] = SpecVersion
+	h[k.id] = ev.ID.String()
+	h[k.source] = source
+	h[k.typ] = ev.EventType
+	h[k.subject] = ev.AggregateID
+	h[k.time] = ev.OccurredAt.UTC().Format(time.RFC3339Nano)
 	h[ContentTypeHeader] = ct
-	h[p+ExtSequence] = strconv.FormatInt(ev.AggregateSeq, 10)
-	h[p+ExtPartitionKey] = ferry.AggregateKey(ev.TenantID, ev.AggregateType, ev.AggregateID)
-	h[p+ExtTenantID] = ev.TenantID
-	h[p+ExtAggregateType] = ev.AggregateType
-	h[p+ExtSchemaVersion] = strconv.Itoa(ev.SchemaVersion)
+	h[k.sequence] = strconv.FormatInt(ev.AggregateSeq, 10)
+	h[k.partitionKey] = ferry.AggregateKey(ev.TenantID, ev.AggregateType, ev.AggregateID)
+	h[k.tenantID] = ev.TenantID
+	h[k.aggregateType] = ev.AggregateType
+	h[k.schemaVersion] = strconv.Itoa(ev.SchemaVersion)
 	opt := func(name, v string) {
 		if v != "" {
-			h[p+name] = v
+			h[name] = v
 		}
 	}
-	opt(ExtTraceparent, ev.Headers.Traceparent)
+	opt(k.traceparent, ev.Headers.Traceparent)
 	if ev.Headers.Traceparent != "" {
 		// Also under the W3C name, unprefixed, which the standard
 		// OpenTelemetry instrumentations of every broker client read.
 		h[TraceparentHeader] = ev.Headers.Traceparent
 	}
-	opt(ExtCorrelationID, ev.Headers.CorrelationID)
-	opt(ExtCausationID, ev.Headers.CausationID)
-	opt(ExtPrincipal, ev.Headers.Principal)
-	opt(ExtAction, ev.Headers.Action)
-	opt(ExtTarget, ev.Headers.Target)
+	opt(k.correlationID, ev.Headers.CorrelationID)
+	opt(k.causationID, ev.Headers.CausationID)
+	opt(k.principal, ev.Headers.Principal)
+	opt(k.action, ev.Headers.Action)
+	opt(k.target, ev.Headers.Target)
 	return h, ev.Payload
 }
 

@@ -249,6 +249,9 @@ func (p *Publisher) Publish(ctx context.Context, events []ferry.Event) []broker.
 	return res
 }
 
+// idHeader is the CloudEvents id header of the NATS binding.
+var idHeader = cloudevents.NATS.Header(cloudevents.AttrID)
+
 func (p *Publisher) send(ctx context.Context, ev *ferry.Event, subject string) (jetstream.PubAckFuture, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, broker.NewError(broker.ClassNotSent, fmt.Errorf("natsjs: not sent: %w", err))
@@ -258,11 +261,15 @@ func (p *Publisher) send(ctx context.Context, ev *ferry.Event, subject string) (
 	}
 	headers, body := cloudevents.Encode(cloudevents.NATS, *ev, cloudevents.EncodeOptions{Source: p.source})
 	msg := &nats.Msg{Subject: subject, Data: body, Header: make(nats.Header, len(headers)+1)}
+	// One backing array for every header's value slice (one allocation,
+	// not one per header: this runs for every published event).
+	vals := make([]string, 0, len(headers))
 	for k, v := range headers {
-		msg.Header[k] = []string{v}
+		vals = append(vals, v)
+		msg.Header[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
 	paf, err := p.js.PublishMsgAsync(msg,
-		jetstream.WithMsgID(ev.ID.String()),
+		jetstream.WithMsgID(headers[idHeader]), // the event id, as Encode formatted it
 		// A retry after "no responders" would re-send this message after
 		// later ones: keep order, let the relay retry the whole event.
 		jetstream.WithRetryAttempts(0),
