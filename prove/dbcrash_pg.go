@@ -228,7 +228,11 @@ func startTempServer(ctx context.Context, kind string) (_ *tempServer, err error
 	} else {
 		initdb := p.command(ctx, filepath.Join(pgBinDir(), "initdb"), "-D", p.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions")
 		if kind == serverMariaDB {
-			initdb = p.command(ctx, mariadbInstallDB, "--no-defaults", "--datadir="+p.data, "--auth-root-authentication-method=normal", "--skip-test-db")
+			if err := p.mkdirOwned(p.tmpdir()); err != nil {
+				return nil, err
+			}
+			initdb = p.command(ctx, mariadbInstallDB, "--no-defaults", "--datadir="+p.data, "--tmpdir="+p.tmpdir(),
+				"--auth-root-authentication-method=normal", "--skip-test-db")
 		}
 		if out, err := initdb.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("prove: %s: %w: %s", filepath.Base(initdb.Path), err, tail(string(out), 600))
@@ -257,6 +261,22 @@ func startTempServer(ctx context.Context, kind string) (_ *tempServer, err error
 	}
 }
 
+// tmpdir is a throwaway MariaDB's own temporary directory, inside its dir.
+func (p *tempServer) tmpdir() string { return filepath.Join(p.dir, "tmp") }
+
+// mkdirOwned makes dir for the server's OS user.
+func (p *tempServer) mkdirOwned(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("prove: temp %s: %w", p.kind, err)
+	}
+	if p.cred != nil {
+		if err := os.Chown(dir, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+			return fmt.Errorf("prove: temp %s: chown %s: %w", p.kind, dir, err)
+		}
+	}
+	return nil
+}
+
 func (p *tempServer) command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	c := exec.CommandContext(ctx, name, args...)
 	c.Dir = p.dir
@@ -283,7 +303,12 @@ func (p *tempServer) start(ctx context.Context) error {
 		// --skip-grant-tables: every client is a superuser (loopback only,
 		// a throwaway server). Durability as shipped: InnoDB flushes its
 		// log at every commit; no binary log.
-		c = exec.Command(mariadbd, "--no-defaults", "--datadir="+p.data, "--port="+strconv.Itoa(p.port),
+		// --tmpdir of its own: a starting mariadbd deletes every "#sql*"
+		// file in its tmpdir (leftover temporary tables), and with the
+		// default /tmp that included the live temporary tables of the
+		// machine's MariaDB, which then crashed (signal 11 after "Error on
+		// delete of '/tmp/#sql-temptable-…'") under the tests running on it.
+		c = exec.Command(mariadbd, "--no-defaults", "--datadir="+p.data, "--tmpdir="+p.tmpdir(), "--port="+strconv.Itoa(p.port),
 			"--bind-address=127.0.0.1", "--socket="+filepath.Join(p.dir, "mariadbd.sock"), "--pid-file="+filepath.Join(p.dir, "mariadbd.pid"),
 			"--skip-grant-tables", "--skip-log-bin", "--innodb-flush-log-at-trx-commit=1", "--innodb-buffer-pool-size=32M", "--max-connections=200")
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -51,6 +52,45 @@ func TestDBCrash(t *testing.T) {
 	t.Logf("db-crash: committed %d, unknown %d (committed %d / absent %d), duplicate publishes %d, deliveries %d",
 		f.Committed, f.Unknown, f.UnknownCommitted, f.UnknownAbsent, f.DuplicatePublishes, f.DuplicateDeliveries)
 	assertNoOrphanDirs(t, before)
+}
+
+// A throwaway mariadbd must not touch the machine's MariaDB: a starting
+// mariadbd deletes every "#sql*" file in its tmpdir (temporary tables left
+// by an earlier run of itself), and with the default /tmp those were the
+// live temporary tables of the machine's server, which crashed (signal 11
+// after "Error on delete of '/tmp/#sql-temptable-…'") while the relay's and
+// prove's MySQL tests ran on it. A canary named like one, owned by the
+// server's OS user, survives a throwaway server's crash and restart.
+// Without the throwaway server's own --tmpdir the restart deletes it (the
+// test fails on the code before the fix).
+func TestTempMariaDBLeavesSharedTmpAlone(t *testing.T) {
+	if why := mariadbServerMissing(); why != "" {
+		testenv.Unavailable(t, "throwaway mariadbd: %s", why)
+	}
+	canary := filepath.Join(os.TempDir(), "#sql-temptable-ferrycanary-"+strconv.Itoa(os.Getpid())+".MAI")
+	if err := os.WriteFile(canary, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(canary)
+	p, err := startTempServer(context.Background(), serverMariaDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	if p.cred != nil {
+		if err := os.Chown(canary, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.crash(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.start(context.Background()); err != nil {
+		t.Fatalf("restart after crash: %v", err)
+	}
+	if _, err := os.Stat(canary); err != nil {
+		t.Fatalf("the throwaway mariadbd deleted %s from the shared tmpdir: %v", canary, err)
+	}
 }
 
 // TestDBCrashMariaDB: the same on a MySQL stack, whose scenarios get a

@@ -171,9 +171,18 @@ func Ensure(ctx context.Context, exec driver.Executor, t ferry.Tables, now time.
 func Create(ctx context.Context, exec driver.Executor, t ferry.Tables, from time.Time, interval time.Duration) (created bool, err error) {
 	from = from.UTC()
 	name := Name(t, from)
-	// No IF NOT EXISTS: it would skip an existing name silently and this
-	// call would report a partition it did not make.
-	q := fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
+	// An existing name is not made again (and not reported as made). IF
+	// NOT EXISTS stays: inside migrate's transaction a duplicate_table
+	// error from a relay that created it meanwhile would abort the
+	// migration, where IF NOT EXISTS only notices.
+	var exists bool
+	if _, err := driver.QueryRow(ctx, exec, `SELECT to_regclass($1) IS NOT NULL`, []any{qualify(t, name)}, &exists); err != nil {
+		return false, fmt.Errorf("partition: look up %s: %w", name, err)
+	}
+	if exists {
+		return false, nil
+	}
+	q := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
 		qualify(t, name), t.Name("outbox"), from.Format(time.RFC3339Nano), from.Add(interval).Format(time.RFC3339Nano))
 	if _, err := exec.Exec(ctx, q); err != nil {
 		if raced(err) {
