@@ -57,12 +57,7 @@ func wantLog(t *testing.T, got string, parts ...string) {
 
 func pgxPool(t *testing.T, maxConns string) *pgxpool.Pool {
 	t.Helper()
-	base := testenv.PostgresURL(t)
-	sep := "?"
-	if strings.Contains(base, "?") {
-		sep = "&"
-	}
-	pool, err := pgxpool.New(context.Background(), base+sep+"pool_max_conns="+maxConns)
+	pool, err := pgxpool.New(context.Background(), testenv.WithParam(t, testenv.PostgresURL(t), "pool_max_conns", maxConns))
 	if err != nil {
 		t.Fatal(err)
 	}

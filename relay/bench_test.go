@@ -20,6 +20,7 @@ import (
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/broker/kafka"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/outbox"
 )
 
@@ -60,7 +61,7 @@ func benchDrain(b *testing.B, s *store, pub broker.Publisher, extra ...Option) {
 	if s.pool != nil {
 		// A pool for the relay's workers and lease loop: the schema's
 		// default pool (max(4, CPUs)) made workers wait on two cores.
-		pool, err := pgxpool.New(context.Background(), s.url+"&pool_max_conns="+strconv.Itoa(DefaultWorkers+2))
+		pool, err := pgxpool.New(context.Background(), testenv.WithParam(b, s.url, "pool_max_conns", strconv.Itoa(DefaultWorkers+2)))
 		if err != nil {
 			b.Fatal(err)
 		}

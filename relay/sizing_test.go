@@ -38,10 +38,6 @@ func TestPoolSizingWarning(t *testing.T) {
 	n := startEmbeddedNATS(t)
 	pub := n.publisher(t)
 	base := testenv.PostgresURL(t)
-	sep := "?"
-	if strings.Contains(base, "?") {
-		sep = "&"
-	}
 	for _, c := range []struct {
 		maxConns string
 		workers  int
@@ -53,7 +49,7 @@ func TestPoolSizingWarning(t *testing.T) {
 		{"5", 4, true, []string{"max conns 5 < 6 (relay workers 4 + the lease loop + the LISTEN connection)", "pool_max_conns>=6", "WithWorkers(3)"}},
 		{"6", 4, true, nil},
 	} {
-		pool, err := pgxpool.New(context.Background(), base+sep+"pool_max_conns="+c.maxConns)
+		pool, err := pgxpool.New(context.Background(), testenv.WithParam(t, base, "pool_max_conns", c.maxConns))
 		if err != nil {
 			t.Fatal(err)
 		}

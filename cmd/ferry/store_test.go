@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"strings"
 	"testing"
 
 	"github.com/ferryhq/ferry"
@@ -14,17 +13,13 @@ import (
 // workers waited for connections), unless the URL sets pool_max_conns.
 func TestRelayPoolSizedForWorkers(t *testing.T) {
 	base := testenv.PostgresURL(t)
-	sep := "?"
-	if strings.Contains(base, "?") {
-		sep = "&"
-	}
 	for _, c := range []struct {
 		url      string
 		minConns int
 		want     int
 	}{
 		{base, 7, 7},
-		{base + sep + "pool_max_conns=2", 7, 2},
+		{testenv.WithParam(t, base, "pool_max_conns", "2"), 7, 2},
 		{base, 0, -1}, // pgxpool's default, whatever the machine
 	} {
 		st, err := openDatabase(context.Background(), c.url, ferry.Tables{}, false, c.minConns)

@@ -19,18 +19,12 @@ type Keeper struct {
 	Exec   driver.Executor
 	Tables ferry.Tables
 	Log    *slog.Logger
-	// Now is the clock (default time.Now).
-	Now func() time.Time
 }
 
 // Ensure creates the partitions the next DefaultAhead intervals need and
 // logs the ones it made.
 func (k Keeper) Ensure(ctx context.Context) error {
-	now := time.Now
-	if k.Now != nil {
-		now = k.Now
-	}
-	created, err := Ensure(ctx, k.Exec, k.Tables, now(), 0, DefaultAhead)
+	created, err := Ensure(ctx, k.Exec, k.Tables, time.Now(), 0, DefaultAhead)
 	if err != nil {
 		return fmt.Errorf("create outbox partitions ahead: %w", err)
 	}

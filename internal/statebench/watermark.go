@@ -36,7 +36,7 @@ type WatermarkDrain struct {
 	Shards    int // default ferry.DefaultShardCount
 }
 
-// Watermarks is the prototype's table: one row per shard.
+// table is the prototype's watermark table: one row per shard.
 func (d WatermarkDrain) table() string { return d.Tables.Name("relay_watermark") }
 
 // Run publishes until want events were acknowledged and returns how many

@@ -55,6 +55,21 @@ func URL(env, def string) string {
 	return def
 }
 
+// WithParam returns rawURL with the query parameter key set to value
+// (e.g. a Postgres URL with pool_max_conns), whether or not it already
+// has a query.
+func WithParam(t testing.TB, rawURL, key, value string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatalf("testenv: parse url: %v", err)
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
 // Reachable dials the host:port of rawURL.
 func Reachable(rawURL string) error {
 	u, err := url.Parse(rawURL)

@@ -295,8 +295,8 @@ type target struct {
 	qualified string // quoted schema.name
 	slotTable string // quoted cdc_slot bookkeeping table
 	// partitioned: the outbox is a partitioned table
-	// (migrate.WithPartitionedOutbox); tables names it for the partition
-	// keeper.
+	// (migrate.WithPartitionedOutbox); tables are Ferry's tables in the
+	// outbox's schema.
 	partitioned bool
 	tables      ferry.Tables
 }
@@ -310,9 +310,10 @@ func resolveTarget(ctx context.Context, pool *pgxpool.Pool, t ferry.Tables) (tar
 		return tg, fmt.Errorf("cdc: outbox table %s not found (run `ferry migrate up`): %w", t.Name("outbox"), err)
 	}
 	tg.qualified = fmt.Sprintf("%q.%q", tg.schema, tg.name)
-	// The bookkeeping table lives next to the outbox, in the same schema.
-	slotTables := ferry.Tables{Schema: tg.schema, Prefix: t.Prefix}
-	tg.slotTable = slotTables.Name("cdc_slot")
+	// The bookkeeping table (and a partitioned outbox's partitions) live
+	// next to the outbox, in the same schema.
+	tg.tables = ferry.Tables{Schema: tg.schema, Prefix: t.Prefix}
+	tg.slotTable = tg.tables.Name("cdc_slot")
 	var ok bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, tg.slotTable).Scan(&ok); err != nil {
 		return tg, fmt.Errorf("cdc: look up %s: %w", tg.slotTable, err)
@@ -320,9 +321,8 @@ func resolveTarget(ctx context.Context, pool *pgxpool.Pool, t ferry.Tables) (tar
 	if !ok {
 		return tg, fmt.Errorf("cdc: bookkeeping table %s not found (run `ferry migrate up`, migration 0006)", tg.slotTable)
 	}
-	tg.tables = ferry.Tables{Schema: tg.schema, Prefix: t.Prefix}
-	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = $1)`, tg.oid).Scan(&tg.partitioned); err != nil {
-		return tg, fmt.Errorf("cdc: inspect outbox: %w", err)
+	if tg.partitioned, err = partition.IsPartitioned(ctx, pgxv5.New(pool).Executor(), tg.tables); err != nil {
+		return tg, fmt.Errorf("cdc: %w", err)
 	}
 	return tg, nil
 }
