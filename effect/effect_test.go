@@ -262,14 +262,21 @@ func runMode[TTx any](t *testing.T, h *harness[TTx], m mode, n int, extra ...eff
 		}
 		r := recs[0]
 		// Reconciliations may exceed the minimum on a slow machine (a lease
-		// that expires while the outcome is being recorded is reconciled);
-		// attempts may not.
+		// that expires while the outcome is being recorded is reconciled).
+		// So may attempts: on a loaded machine an attempt whose start
+		// waited too long on the database is recorded but not called
+		// (Worker.execute: the lease would not cover the call), and is
+		// reconciled and retried with the same key; a call can also fail
+		// in the client before the provider reads it. Attempts count the
+		// attempts on record, so they may exceed the requests the
+		// provider received (checkExactlyOnce above shows the one
+		// charge), never fall short of them nor of the mode's.
+		posts := p.postsFor(o.Key)
 		if r.State != effect.StateSucceeded || r.Key != o.Key || r.Consumer != "billing" || r.EventID != o.EventID ||
-			!strings.HasPrefix(r.OperationID, "ch_") || r.CompletedAt.IsZero() || r.Attempts != wantAttempts || r.Reconciliations < wantRecon {
-			t.Fatalf("order %s: record %+v; want succeeded, op id ch_…, attempts %d, reconciliations >= %d", o.ID, r, wantAttempts, wantRecon)
-		}
-		if got := p.postsFor(o.Key); got != wantAttempts {
-			t.Fatalf("order %s: provider saw %d charge requests, want %d", o.ID, got, wantAttempts)
+			!strings.HasPrefix(r.OperationID, "ch_") || r.CompletedAt.IsZero() || r.Attempts < max(wantAttempts, posts) ||
+			posts < 1 || r.Reconciliations < wantRecon {
+			t.Fatalf("order %s: record %+v, provider saw %d charge requests; want succeeded, op id ch_…, attempts >= %d and >= the requests, reconciliations >= %d",
+				o.ID, r, posts, wantAttempts, wantRecon)
 		}
 	}
 	if m != modeNormal {

@@ -114,16 +114,44 @@ func CheckCapacity(ctx context.Context, exec driver.Executor, tables ferry.Table
 }
 
 // CountPending counts pending outbox rows, stopping at limit (the count
-// reads at most limit entries of the pending index).
+// reads at most limit entries of the pending index). Under a watermark
+// relay (relay.WithSentWatermark) those are the rows not sent yet: 'retry'
+// ones and 'pending' ones above their shard's watermark.
 func CountPending(ctx context.Context, exec driver.Executor, tables ferry.Tables, limit int64) (int64, error) {
 	if err := tables.Check(); err != nil {
 		return 0, err
 	}
+	q := fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s WHERE status = 'pending' LIMIT $1) p`, tables.Name("outbox"))
+	if exec.Dialect() == driver.Postgres {
+		wm, err := watermarkColumn(ctx, exec, tables)
+		if err != nil {
+			return 0, err
+		}
+		if wm {
+			q = countPendingWatermarkSQL(tables)
+		}
+	}
 	var n int64
-	err := queryRow(ctx, exec, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s WHERE status = 'pending' LIMIT $1) p`, tables.Name("outbox")),
-		[]any{limit}, &n)
+	err := queryRow(ctx, exec, q, []any{limit}, &n)
 	if err != nil {
 		return 0, fmt.Errorf("ops: count pending outbox rows: %w", err)
 	}
 	return n, nil
+}
+
+// countPendingWatermarkSQL is CountPending's statement when a watermark
+// relay may have kept sent rows 'pending' (every sent row, so status =
+// 'pending' is the whole table): the 'retry' rows and the pending rows
+// above their shard's watermark (index-only ranges of outbox_claim_idx),
+// up to $1; until a watermark is in use, the status design's count.
+func countPendingWatermarkSQL(t ferry.Tables) string {
+	return fmt.Sprintf(`WITH RECURSIVE w(used) AS (%[2]s),
+%[3]s
+SELECT count(*) FROM (
+    SELECT 1 FROM %[1]s WHERE status = 'pending' AND NOT (SELECT used FROM w)
+  UNION ALL
+    SELECT 1 FROM %[1]s WHERE status = 'retry' AND (SELECT used FROM w)
+  UNION ALL
+    SELECT 1 FROM %[4]s
+  LIMIT $1) p`, t.Name("outbox"), watermarkInUse(t), shardsWithPending(t, "(SELECT used FROM w)"), aboveWatermark(t, "1"))
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/outboxstate"
 	"github.com/ferryhq/ferry/internal/partition"
 )
 
@@ -297,7 +298,7 @@ func (o *Ops) cleanup(ctx context.Context, opts CleanupOptions, a Approval, audi
 		n, batches, err := o.deleteBatches(ctx, tgt, opts, !a.Approve)
 		res.Batches += batches
 		*tgt.count += n
-		if opts.Archive != nil && a.Approve {
+		if opts.Archive != nil && a.Approve && !tgt.bookkeeping {
 			res.Archived += n
 		}
 		if err != nil {
@@ -368,11 +369,19 @@ type cleanupTarget struct {
 	args  []any
 	count *int64
 	skip  bool
+	// bookkeeping: Ferry's own state, not events: deleted without an
+	// archive even when the run archives.
+	bookkeeping bool
 }
 
 func (o *Ops) cleanupTargets(ctx context.Context, opts CleanupOptions, now time.Time, res *CleanupResult) []cleanupTarget {
 	out := []cleanupTarget{
 		{table: "outbox", key: "id", cond: "status = 'sent' AND published_at < $1", args: []any{now.Add(-opts.Retention)}, count: &res.Outbox},
+	}
+	if o.pg() {
+		if ok, err := o.tableExists(ctx, o.db.Executor(), "relay_watermarks"); err == nil && ok {
+			out = append(out, o.watermarkCleanupTargets(now.Add(-opts.Retention), res)...)
+		}
 	}
 	if opts.IncludeDiscarded {
 		out = append(out, cleanupTarget{table: "outbox", key: "id", cond: "status = 'dead' AND discarded_at IS NOT NULL AND discarded_at < $1",
@@ -395,6 +404,9 @@ func (o *Ops) deleteBatches(ctx context.Context, t cleanupTarget, opts CleanupOp
 		return n, 0, nil
 	}
 	q := o.cleanupDelete(t, opts.BatchSize)
+	if t.bookkeeping {
+		opts.Archive = nil
+	}
 	schema := 0
 	if opts.Archive != nil {
 		schema = o.schemaVersion(ctx)
@@ -506,4 +518,21 @@ func (o *Ops) dropPartitions(ctx context.Context, opts CleanupOptions, now time.
 func isLockTimeout(err error) bool {
 	var coded interface{ SQLState() string }
 	return errors.As(err, &coded) && coded.SQLState() == "55P03"
+}
+
+// watermarkCleanupTargets are the rows a relay in the watermark design
+// (relay.WithSentWatermark) sent: 'pending' rows at or below their
+// shard's watermark. They have no published_at; relay_watermarks records
+// when each watermark was reached, so a shard's rows up to the highest
+// watermark recorded before the cutoff were all published before it.
+// Then the history entries older than the cutoff that a newer one (also
+// older than the cutoff) supersedes.
+func (o *Ops) watermarkCleanupTargets(cutoff time.Time, res *CleanupResult) []cleanupTarget {
+	outbox, hist := o.t("outbox"), o.t("relay_watermarks")
+	return []cleanupTarget{
+		{table: "outbox", key: "id", args: []any{cutoff}, count: &res.Outbox,
+			cond: "status = 'pending' AND id <= " + outboxstate.SentBefore(o.cfg.tables, outbox+".shard", "$1")},
+		{table: "relay_watermarks", key: "(shard, at)", sel: "shard, at", args: []any{cutoff}, count: new(int64), bookkeeping: true,
+			cond: fmt.Sprintf(`at < $1 AND EXISTS (SELECT 1 FROM %[1]s n WHERE n.shard = %[1]s.shard AND n.at > %[1]s.at AND n.at < $1)`, hist)},
+	}
 }

@@ -350,7 +350,11 @@ func (o *Ops) correlated(ctx context.Context, corr string) ([]string, error) {
 func (o *Ops) eventEvidence(ctx context.Context, id string, missing map[string]bool) (EventEvidence, error) {
 	exec := o.db.Executor()
 	e := EventEvidence{EventID: id, Applied: []Applied{}, Parked: []ParkedEvidence{}, Effects: []EffectEvidence{}, Audit: []AuditEntrySketch{}}
-	ms, err := o.queryOutbox(ctx, exec, fmt.Sprintf(`SELECT %s FROM %s WHERE event_id = $1`, o.outboxCols(), o.t("outbox")), id)
+	cols, err := o.outboxReadCols(ctx, exec)
+	if err != nil {
+		return e, err
+	}
+	ms, err := o.queryOutbox(ctx, exec, fmt.Sprintf(`SELECT %s FROM %s WHERE event_id = $1`, cols, o.t("outbox")), id)
 	if err != nil {
 		return e, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferryhq/ferry"
@@ -104,6 +105,7 @@ func (e *OutboxFullError) Is(target error) bool { return target == ErrOutboxFull
 type Ops struct {
 	db  DB
 	cfg config
+	wm  atomic.Bool // see watermarked
 }
 
 type config struct {

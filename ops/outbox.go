@@ -3,6 +3,7 @@ package ops
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -12,6 +13,9 @@ import (
 
 // OutboxMessage is one outbox row as operators see it: everything except
 // the payload bytes (only their size), which may hold personal data.
+// Status is the row's state, pending, sent or dead: under a watermark
+// relay (relay.WithSentWatermark) a sent row's status column may still be
+// 'pending' and an unsent one's 'retry'.
 type OutboxMessage struct {
 	ID            int64      `json:"id"`
 	EventID       string     `json:"event_id"`
@@ -41,11 +45,25 @@ type OutboxMessage struct {
 	DiscardedAt   *time.Time `json:"discarded_at,omitempty"`
 }
 
-func (o *Ops) outboxCols() string {
+func (o *Ops) outboxCols() string { return o.outboxColsWith("status") }
+
+// outboxReadCols are outboxCols for a read shown to an operator: status is
+// the row's state, which under a watermark relay is not its status column
+// (see watermarked). One primary-key lookup of the shard's lease per
+// 'pending' row.
+func (o *Ops) outboxReadCols(ctx context.Context, exec driver.Executor) (string, error) {
+	wm, err := o.watermarked(ctx, exec)
+	if err != nil || !wm {
+		return o.outboxCols(), err
+	}
+	return o.outboxColsWith(o.stateExpr()), nil
+}
+
+func (o *Ops) outboxColsWith(status string) string {
 	size := o.payloadSize()
 	return "id, " + o.uuidText("event_id") + `, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
 		topic, shard, ` + size + `, occurred_at, created_at, traceparent, correlation_id, causation_id, principal, action, target,
-		status, attempts, next_attempt_at, last_error, published_at, broker_receipt, discarded_at`
+		` + status + `, attempts, next_attempt_at, last_error, published_at, broker_receipt, discarded_at`
 }
 
 func scanOutbox(rows driver.Rows) (OutboxMessage, error) {
@@ -129,12 +147,20 @@ func (o *Ops) listOutbox(ctx context.Context, set outboxSet, f Filter) (Page[Out
 		return Page[OutboxMessage]{}, err
 	}
 	w := &where{}
-	w.add(string(set))
+	cond, err := o.outboxSetSQL(ctx, o.db.Executor(), set)
+	if err != nil {
+		return Page[OutboxMessage]{}, fmt.Errorf("ops: %w", err)
+	}
+	w.add(cond)
 	o.outboxWhere(w, f, o.now())
+	cols, err := o.outboxReadCols(ctx, o.db.Executor())
+	if err != nil {
+		return Page[OutboxMessage]{}, err
+	}
 	return listPage(ctx, o, "outbox", w, f.After, f.limit(),
 		func(exec driver.Executor, q string, args ...any) ([]OutboxMessage, error) {
 			return o.queryOutbox(ctx, exec, q, args...)
-		}, o.outboxCols(), func(m OutboxMessage) int64 { return m.ID })
+		}, cols, func(m OutboxMessage) int64 { return m.ID })
 }
 
 // Message returns the outbox row of one event id.
@@ -143,7 +169,12 @@ func (o *Ops) Message(ctx context.Context, eventID string) (OutboxMessage, error
 	if err != nil {
 		return OutboxMessage{}, &ArgError{Field: "event_id", Reason: "not a UUID"}
 	}
-	ms, err := o.queryOutbox(ctx, o.db.Executor(), fmt.Sprintf(`SELECT %s FROM %s WHERE event_id = $1`, o.outboxCols(), o.t("outbox")), u.String())
+	exec := o.db.Executor()
+	cols, err := o.outboxReadCols(ctx, exec)
+	if err != nil {
+		return OutboxMessage{}, err
+	}
+	ms, err := o.queryOutbox(ctx, exec, fmt.Sprintf(`SELECT %s FROM %s WHERE event_id = $1`, cols, o.t("outbox")), u.String())
 	if err != nil {
 		return OutboxMessage{}, err
 	}
@@ -192,7 +223,7 @@ func (o *Ops) RetryDead(ctx context.Context, f Filter, a Approval) (Result, erro
 		name: "dlq.retry",
 		set:  setDead,
 		update: func(now time.Time, _ int64) (string, []any) {
-			return "status = 'pending', attempts = 0, next_attempt_at = ?", []any{now}
+			return "status = {{requeue}}, attempts = 0, next_attempt_at = ?", []any{now}
 		},
 	})
 }
@@ -222,7 +253,7 @@ func (o *Ops) Replay(ctx context.Context, f Filter, a Approval) (Result, error) 
 		name: "outbox.replay",
 		set:  setSent,
 		update: func(now time.Time, _ int64) (string, []any) {
-			return "status = 'pending', attempts = 0, next_attempt_at = ?", []any{now}
+			return "status = {{requeue}}, attempts = 0, next_attempt_at = ?", []any{now}
 		},
 	})
 }
@@ -242,11 +273,22 @@ func (o *Ops) runOutboxAction(ctx context.Context, f Filter, a Approval, act out
 	}
 	now := o.now()
 	res := Result{Action: act.name, DryRun: !a.Approve}
+	// The watermark design (relay.WithSentWatermark): "sent" includes rows
+	// at or below their shard's watermark, and a row put back for the
+	// relay there becomes 'retry' ({{requeue}}).
+	cond, err := o.outboxSetSQL(ctx, o.db.Executor(), act.set)
+	if err != nil {
+		return Result{}, fmt.Errorf("ops: %s: %w", act.name, err)
+	}
+	requeue, err := o.requeueStatus(ctx, o.db.Executor())
+	if err != nil {
+		return Result{}, fmt.Errorf("ops: %s: %w", act.name, err)
+	}
 	w := &where{}
-	w.add(string(act.set))
+	w.add(cond)
 	o.outboxWhere(w, f, now)
 	limit := f.limit()
-	err := o.inTx(ctx, func(tx driver.Tx) error {
+	err = o.inTx(ctx, func(tx driver.Tx) error {
 		lock := ""
 		if o.rowLocks() && a.Approve {
 			// Lock the rows so the relay cannot change them between our read
@@ -279,7 +321,8 @@ func (o *Ops) runOutboxAction(ctx context.Context, f Filter, a Approval, act out
 			return nil
 		}
 		set, setArgs := act.update(now, auditID)
-		if err := o.updateIDs(ctx, tx, act.name, "outbox", set, setArgs, rowIDs, string(act.set)); err != nil {
+		set = strings.ReplaceAll(set, "{{requeue}}", requeue)
+		if err := o.updateIDs(ctx, tx, act.name, "outbox", set, setArgs, rowIDs, cond); err != nil {
 			return err
 		}
 		return nil

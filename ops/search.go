@@ -33,7 +33,8 @@ type OutboxQuery struct {
 	AggregateType string `json:"aggregate_type,omitempty"`
 	AggregateID   string `json:"aggregate_id,omitempty"`
 	CorrelationID string `json:"correlation_id,omitempty"`
-	// Status is pending, sent, dead (not discarded) or discarded.
+	// Status is pending, sent, dead (not discarded) or discarded: the
+	// row's state (OutboxMessage.Status).
 	Status string `json:"status,omitempty"`
 	// Since and Until bound created_at (inclusive, exclusive).
 	Since time.Time `json:"since,omitzero"`
@@ -121,6 +122,16 @@ func (o *Ops) SearchOutbox(ctx context.Context, q OutboxQuery) (SearchPage[Outbo
 	if err := q.check(); err != nil {
 		return SearchPage[OutboxMessage]{}, err
 	}
+	wm, err := o.watermarked(ctx, o.db.Executor())
+	if err != nil {
+		return SearchPage[OutboxMessage]{}, err
+	}
+	return o.searchOutbox(ctx, q, wm)
+}
+
+// searchOutbox is SearchOutbox once q is checked; wm: rows' states are
+// read through the watermark (see watermarked).
+func (o *Ops) searchOutbox(ctx context.Context, q OutboxQuery, wm bool) (SearchPage[OutboxMessage], error) {
 	var from int64
 	if !strings.Contains(q.After, "_") {
 		var err error
@@ -143,7 +154,14 @@ func (o *Ops) SearchOutbox(ctx context.Context, q OutboxQuery) (SearchPage[Outbo
 		w.add("correlation_id = ?", q.CorrelationID)
 		w.add("correlation_id <> ''") // lets the planner use the partial index
 	}
-	if q.Status != "" {
+	// A watermark relay leaves sent rows 'pending' and unsent ones 'retry':
+	// pending and sent are the row's state (pending: see below).
+	wmPending := wm && q.Status == "pending"
+	switch {
+	case wmPending:
+	case wm && q.Status == "sent":
+		w.add(o.stateExpr() + " = 'sent'")
+	case q.Status != "":
 		w.add(searchStatuses[q.Status])
 		if q.Status != "sent" {
 			w.add("status <> 'sent'") // the partial (status, id) index
@@ -188,8 +206,15 @@ func (o *Ops) SearchOutbox(ctx context.Context, q OutboxQuery) (SearchPage[Outbo
 		w.add("id < ?", from)
 	}
 	limit := searchLimit(q.Limit)
-	rows, err := o.queryOutbox(ctx, o.db.Executor(), fmt.Sprintf(`SELECT %s FROM %s WHERE %s ORDER BY %s LIMIT %d`,
-		o.outboxCols(), o.t("outbox"), w.sql(), order, limit+1), w.args...)
+	cols := o.outboxCols()
+	if wm {
+		cols = o.outboxColsWith(o.stateExpr())
+	}
+	stmt := fmt.Sprintf(`SELECT %s FROM %s WHERE %s ORDER BY %s LIMIT %d`, cols, o.t("outbox"), w.sql(), order, limit+1)
+	if wmPending {
+		stmt = o.searchPendingSQL(cols, w.sql(), order, limit+1)
+	}
+	rows, err := o.queryOutbox(ctx, o.db.Executor(), stmt, w.args...)
 	if err != nil {
 		return SearchPage[OutboxMessage]{}, err
 	}
@@ -209,14 +234,42 @@ func (o *Ops) SearchOutbox(ctx context.Context, q OutboxQuery) (SearchPage[Outbo
 	return p, nil
 }
 
+// searchPendingSQL is a page of the rows in state pending matching cond,
+// under a watermark relay. Their status is 'pending' only above their
+// shard's watermark, and every sent row's status is 'pending' too, so
+// "status = 'pending' in id order" would walk the sent rows, the bulk,
+// whenever fewer rows than a page are pending. The page is read as two
+// index-bounded pages instead: the 'retry' rows, and the 'pending' rows
+// above the lowest watermark (floor: the lowest sent_up_to of shards 0 to
+// the highest shard with a pending row, 0 unless each has a lease row),
+// each then checked against its own shard's watermark.
+func (o *Ops) searchPendingSQL(cols, cond, order string, n int) string {
+	t, leases := o.t("outbox"), o.t("relay_leases")
+	floor := fmt.Sprintf(`COALESCE((SELECT CASE WHEN count(*) = m.mx + 1 THEN min(l.sent_up_to) ELSE 0 END
+    FROM (SELECT max(shard) AS mx FROM %s WHERE status = 'pending') m JOIN %s l ON l.shard <= m.mx GROUP BY m.mx), 0)`, t, leases)
+	return fmt.Sprintf(`SELECT * FROM (
+    (SELECT %[1]s FROM %[2]s WHERE status = 'retry' AND %[3]s ORDER BY %[4]s LIMIT %[5]d)
+  UNION ALL
+    (SELECT %[1]s FROM %[2]s WHERE status = 'pending' AND id > %[6]s AND %[7]s = 'pending' AND %[3]s ORDER BY %[4]s LIMIT %[5]d)
+) p ORDER BY %[4]s LIMIT %[5]d`, cols, t, cond, order, n, floor, o.stateExpr())
+}
+
 // SearchOutboxSQL returns the statement and arguments SearchOutbox runs
 // for q (for EXPLAIN in tests and benchmarks).
 func (o *Ops) SearchOutboxSQL(q OutboxQuery) (string, []any, error) {
 	var sqlText string
 	var args []any
+	if err := q.check(); err != nil {
+		return "", nil, err
+	}
+	ctx := context.Background()
+	wm, err := o.watermarked(ctx, o.db.Executor())
+	if err != nil {
+		return "", nil, err
+	}
 	rec := &recordingExec{fn: func(q string, a []any) { sqlText, args = q, a }}
 	oo := &Ops{db: recordingDB{o.db, rec}, cfg: o.cfg}
-	if _, err := oo.SearchOutbox(context.Background(), q); err != nil && sqlText == "" {
+	if _, err := oo.searchOutbox(ctx, q, wm); err != nil && sqlText == "" {
 		return "", nil, err
 	}
 	return sqlText, args, nil

@@ -134,7 +134,13 @@ type CDCSlotStatus struct {
 // per (topic, shard) for a caller that refreshes often (the console's
 // overview): on Postgres each shard's pending, dead and discarded rows are
 // counted up to the cap from the unsent-row index, so the cost no longer
-// grows with 100,000 dead letters; the oldest pending age stays exact.
+// grows with 100,000 dead letters; the oldest pending age stays exact
+// (under a watermark relay, unless the pending count is capped).
+//
+// Pending is what is not sent yet, in both relay state designs: under a
+// watermark relay (relay.WithSentWatermark) that is 'retry' rows and
+// 'pending' rows above their shard's watermark, not the sent 'pending'
+// rows at or below it.
 func (o *Ops) Status(ctx context.Context, opts ...StatusOption) (Status, error) {
 	var so statusOptions
 	for _, opt := range opts {
@@ -171,6 +177,9 @@ func (o *Ops) Status(ctx context.Context, opts ...StatusOption) (Status, error) 
 		// Subject keys are the encrypt package's; status only checks the
 		// table is there.
 		SectionEncryption: func(context.Context, driver.Executor, time.Time, *Status) error { return nil },
+		// The watermark history is cleanup's; status reads the watermark
+		// through the outbox and relay sections.
+		SectionWatermark: func(context.Context, driver.Executor, time.Time, *Status) error { return nil },
 	}
 	for _, def := range sections {
 		if def.pgOnly && !o.pg() {
@@ -231,6 +240,10 @@ const (
 	// SectionEncryption: the per-subject data keys of payload encryption
 	// (subject_keys, erased by ferry erase); checked for installation only.
 	SectionEncryption = "encryption"
+	// SectionWatermark: when the relays' watermarks were reached
+	// (relay_watermarks, relay.WithSentWatermark, Postgres), which
+	// cleanup reads; checked for installation only.
+	SectionWatermark = "watermark"
 )
 
 // Section states.
@@ -331,6 +344,8 @@ var sections = []sectionDef{
 		reset: func(*Status, Window) {}},
 	{name: SectionEncryption, version: 10, migration: "0010_subject_keys", tables: []string{"subject_keys"},
 		reset: func(*Status, Window) {}},
+	{name: SectionWatermark, version: 12, migration: "0012_relay_watermark", tables: []string{"relay_watermarks"}, pgOnly: true,
+		reset: func(*Status, Window) {}},
 }
 
 // installed returns which of the sections' tables exist and which
@@ -393,14 +408,22 @@ func (o *Ops) installed(ctx context.Context, exec driver.Executor) (map[string]b
 }
 
 func (o *Ops) outboxStatus(ctx context.Context, exec driver.Executor, now time.Time, st *Status) error {
+	wm, err := o.watermarked(ctx, exec)
+	if err != nil {
+		return err
+	}
 	// status <> 'sent' is served by the unsent-aggregate partial index; sent
 	// rows (the bulk) are never scanned.
-	rows, err := exec.Query(ctx, fmt.Sprintf(`SELECT topic, shard,
+	q := fmt.Sprintf(`SELECT topic, shard,
     SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END),
     MIN(CASE WHEN status = 'pending' THEN created_at END),
     SUM(CASE WHEN status = 'dead' AND discarded_at IS NULL THEN 1 ELSE 0 END),
     SUM(CASE WHEN status = 'dead' AND discarded_at IS NOT NULL THEN 1 ELSE 0 END)
-FROM %s WHERE status <> 'sent' GROUP BY topic, shard ORDER BY topic, shard`, o.t("outbox")))
+FROM %s WHERE status <> 'sent' GROUP BY topic, shard ORDER BY topic, shard`, o.t("outbox"))
+	if wm {
+		q = o.outboxStatusWatermarkSQL()
+	}
+	rows, err := exec.Query(ctx, q)
 	if err != nil {
 		return fmt.Errorf("ops: outbox status: %w", err)
 	}
@@ -437,6 +460,34 @@ FROM %s WHERE status <> 'sent' GROUP BY topic, shard ORDER BY topic, shard`, o.t
 	}
 	sort.Slice(st.Topics, func(i, j int) bool { return st.Topics[i].Topic < st.Topics[j].Topic })
 	return nil
+}
+
+// outboxStatusWatermarkSQL is outboxStatus's statement when a watermark
+// relay may have kept sent rows 'pending' (see watermarked): there every
+// sent row stays 'pending', so status <> 'sent' is the whole table. The
+// unsent rows are read instead as the 'retry' and 'dead' rows (the small
+// unsent (status, id) index) and the pending rows above their shard's
+// watermark (aboveWatermark). Until a watermark relay has written state
+// (watermarkInUse) the status design's statement runs instead, in the
+// same snapshot; each branch is skipped by a one-time filter.
+func (o *Ops) outboxStatusWatermarkSQL() string {
+	t := o.cfg.tables
+	return fmt.Sprintf(`WITH RECURSIVE w(used) AS (%[2]s),
+%[3]s,
+u(topic, shard, status, created_at, discarded_at) AS (
+    SELECT topic, shard, status, created_at, discarded_at FROM %[1]s WHERE status <> 'sent' AND NOT (SELECT used FROM w)
+  UNION ALL
+    SELECT x.topic, x.shard, x.status, x.created_at, x.discarded_at FROM %[4]s
+  UNION ALL
+    SELECT topic, shard, status, created_at, discarded_at FROM %[1]s WHERE status IN ('retry', 'dead') AND (SELECT used FROM w)
+)
+SELECT topic, shard,
+    SUM(CASE WHEN status IN ('pending', 'retry') THEN 1 ELSE 0 END),
+    MIN(CASE WHEN status IN ('pending', 'retry') THEN created_at END),
+    SUM(CASE WHEN status = 'dead' AND discarded_at IS NULL THEN 1 ELSE 0 END),
+    SUM(CASE WHEN status = 'dead' AND discarded_at IS NOT NULL THEN 1 ELSE 0 END)
+FROM u GROUP BY topic, shard ORDER BY topic, shard`, o.t("outbox"), watermarkInUse(t),
+		shardsWithPending(t, "(SELECT used FROM w)"), aboveWatermark(t, "topic, shard, status, created_at, discarded_at"))
 }
 
 func (o *Ops) leaseStatus(ctx context.Context, exec driver.Executor, now time.Time, st *Status) error {

@@ -80,10 +80,22 @@ func startCDCRelay(ctx context.Context, wg *sync.WaitGroup, e *env, startFromCur
 			rctx, cancel := context.WithCancel(ctx)
 			done := make(chan error, 1)
 			go func() { done <- e.runCDC(rctx, build) }()
+			life := 200*time.Millisecond + time.Duration(rng.Int64N(int64(300*time.Millisecond)))
+			if i == 0 && startFromCurrentWAL {
+				// The control's first relay goes down once it has sent a
+				// row: the workload, held back until the relay streams,
+				// has then just started. A lifetime counted from the
+				// slot's creation let a 100-event workload end before the
+				// first kill, and the control showed nothing (once in a
+				// full local run).
+				waitSlot(ctx, e, 60*time.Second)
+				waitCount(ctx, e, 10*time.Second, 1, `SELECT COUNT(*) FROM ferry_outbox WHERE status = 'sent'`)
+				life = 0
+			}
 			if i < cdcRestarts {
 				select {
 				case <-ctx.Done():
-				case <-time.After(200*time.Millisecond + time.Duration(rng.Int64N(int64(300*time.Millisecond)))):
+				case <-time.After(life):
 					e.faults.Add(1)
 				case err := <-done:
 					e.rec.err(err)
@@ -99,9 +111,52 @@ func startCDCRelay(ctx context.Context, wg *sync.WaitGroup, e *env, startFromCur
 			if err := <-done; err != nil && ctx.Err() == nil {
 				e.rec.err(err)
 			}
-			sleepCtx(ctx, 150*time.Millisecond) // down: commits pile up in the WAL
+			if startFromCurrentWAL && i < cdcRestarts {
+				// The control must skip something: it stays down until a
+				// transaction has committed behind it (bounded: the
+				// workload may have ended), however slow the machine.
+				waitCommits(ctx, e, 5*time.Second)
+			} else {
+				sleepCtx(ctx, 150*time.Millisecond) // down: commits pile up in the WAL
+			}
 		}
 	}()
+}
+
+// waitSlot waits, at most limit, until the scenario's replication slot
+// exists and a relay streams from it (active). The start-from-current-WAL
+// control's workload and its kills wait for it: rows committed before the
+// slot exists are caught up from the table, which the broken build does
+// right, so a workload that ended before the relay streamed would show
+// nothing.
+func waitSlot(ctx context.Context, e *env, limit time.Duration) {
+	waitCount(ctx, e, limit, 1, `SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name = $1 AND active`, e.db.schema)
+}
+
+// waitCommits waits, at most limit, until the outbox holds a row newer
+// than when it was called, plus a moment for more to pile up.
+func waitCommits(ctx context.Context, e *env, limit time.Duration) {
+	const newest = `SELECT COALESCE(MAX(id), 0) FROM ferry_outbox`
+	var from int64
+	if err := countInto(ctx, e.db.drv.Executor(), newest, &from); err == nil && waitCount(ctx, e, limit, from+1, newest) {
+		sleepCtx(ctx, 100*time.Millisecond)
+		return
+	}
+	sleepCtx(ctx, 150*time.Millisecond)
+}
+
+// waitCount polls q (a single count) every 20 ms, at most limit, until it
+// is at least want; it reports whether it got there.
+func waitCount(ctx context.Context, e *env, limit time.Duration, want int64, q string, args ...any) bool {
+	deadline := time.Now().Add(limit)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		var n int64
+		if err := countInto(ctx, e.db.drv.Executor(), q, &n, args...); err == nil && n >= want {
+			return true
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+	return false
 }
 
 // startCDCSigkill runs the CDC relay as a worker subprocess and SIGKILLs it

@@ -160,8 +160,12 @@ type truth struct {
 	applied  []appliedRow
 	parked   []parkedRow
 	deadRows int
-	stream   []streamMsg
-	effects  []ledgerEffect // package effect's ledger (real inbox only)
+	// sentByWatermark, sentByStatus: the outbox's sent rows, read as sent
+	// through their shard's watermark (never written) and through their
+	// status column (agreement.go).
+	sentByWatermark, sentByStatus int
+	stream                        []streamMsg
+	effects                       []ledgerEffect // package effect's ledger (real inbox only)
 
 	// What can still arrive (settle.go): outbox rows still pending, whether
 	// a relay will still send them, and what the broker holds unacked.
@@ -193,7 +197,7 @@ func collect(ctx context.Context, e *env) (*truth, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if err := scanRows(ctx, ex, `SELECT event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, occurred_at, status FROM ferry_outbox`, func(s func(...any) error) error {
+	if err := scanRows(ctx, ex, `SELECT event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, occurred_at, `+e.outboxStatus("o")+` FROM ferry_outbox o`, func(s func(...any) error) error {
 		var id, status string
 		var o outboxTruth
 		if err := s(&id, &o.tenant, &o.typ, &o.agg, &o.seq, &o.occurred, &status); err != nil {

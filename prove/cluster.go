@@ -29,14 +29,19 @@ type natsCluster struct {
 }
 
 func startNATSCluster() (*natsCluster, error) {
-	nc := &natsCluster{proxies: map[[2]int]*faultproxy.Proxy{}}
-	c, err := natsembed.StartCluster(clusterNodes, "ferry-prove", routeProxies(nc.proxies))
-	if err != nil {
+	// Three tries on fresh ports and proxies: a node's port, found free,
+	// may be taken by another process before the node binds it.
+	var err error
+	for range 3 {
+		nc := &natsCluster{proxies: map[[2]int]*faultproxy.Proxy{}}
+		var c *natsembed.Cluster
+		if c, err = natsembed.StartCluster(clusterNodes, "ferry-prove", routeProxies(nc.proxies)); err == nil {
+			nc.c = c
+			return nc, nil
+		}
 		nc.closeProxies()
-		return nil, fmt.Errorf("prove: nats cluster: %w", err)
 	}
-	nc.c = c
-	return nc, nil
+	return nil, fmt.Errorf("prove: nats cluster: %w", err)
 }
 
 // routeProxies is the route dialer of prove's clusters: a fault proxy per

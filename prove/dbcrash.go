@@ -108,6 +108,7 @@ func runDBCrash(ctx context.Context, e *env, pg *tempServer) (string, error) {
 			}
 			sleepCtx(ctx, 20*time.Millisecond) // the COMMIT written to the socket
 		}
+		e.plan.serverDown.Store(true)
 		if err := pg.crash(); err != nil {
 			return "", err
 		}
@@ -115,7 +116,9 @@ func runDBCrash(ctx context.Context, e *env, pg *tempServer) (string, error) {
 		e.prog.update("database crashed (%d/%d), restarting", i+1, dbCrashes)
 		sleepCtx(ctx, dbCrashHold)
 		t0 := time.Now()
-		if err := pg.start(context.WithoutCancel(ctx)); err != nil {
+		err := pg.start(context.WithoutCancel(ctx))
+		e.plan.serverDown.Store(false)
+		if err != nil {
 			return "", err
 		}
 		recov = append(recov, time.Since(t0).Round(10*time.Millisecond).String())

@@ -27,6 +27,10 @@ type fakeProvider struct {
 	// caller, responses being held right now.
 	cut  map[string]bool
 	held map[string]int
+	// pins, per caller, keep its held responses held until the caller is
+	// gone or the pin is released: an aimed kill pins its target, so the
+	// kill lands in the window however long it takes to land.
+	pins map[string]chan struct{}
 	// late counts charge requests refused because they arrived after
 	// their call's deadline (over HTTP: X-Prove-Deadline).
 	late int
@@ -34,7 +38,7 @@ type fakeProvider struct {
 
 func newFakeProvider() *fakeProvider {
 	return &fakeProvider{charges: map[string]int{}, byRef: map[string]bool{}, found: map[string]int{},
-		cut: map[string]bool{}, held: map[string]int{}}
+		cut: map[string]bool{}, held: map[string]int{}, pins: map[string]chan struct{}{}}
 }
 
 func (p *fakeProvider) charge(ref, eventID string) {

@@ -136,6 +136,18 @@ func (s *providerServer) charge(w http.ResponseWriter, r *http.Request) {
 		cut = true // the caller is gone: charged, and nobody will read the answer
 	}
 	p.mu.Lock()
+	if pin := p.pins[worker]; pin != nil && !cut {
+		// Pinned by an aimed kill: hold on until it lands (bounded, should
+		// the kill never come).
+		p.mu.Unlock()
+		select {
+		case <-r.Context().Done():
+			cut = true
+		case <-pin:
+		case <-time.After(10 * time.Second):
+		}
+		p.mu.Lock()
+	}
 	p.held[worker]--
 	if cut {
 		p.cut[ref] = true
@@ -161,11 +173,31 @@ func (s *providerServer) status(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-// holding reports whether the provider holds a charge response for worker.
-func (p *fakeProvider) holding(worker string) bool {
+// pinHeld reports whether the provider holds a charge response for
+// worker and, if it does, pins it: the response stays held until the
+// worker is gone or unpin is called. Checked and pinned under the lock the
+// handler takes before it lets a response go, so a pinned response cannot
+// slip out between the check and the kill.
+func (p *fakeProvider) pinHeld(worker string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.held[worker] > 0
+	if p.held[worker] == 0 {
+		return false
+	}
+	if p.pins[worker] == nil {
+		p.pins[worker] = make(chan struct{})
+	}
+	return true
+}
+
+// unpin releases what pinHeld held for worker.
+func (p *fakeProvider) unpin(worker string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pin := p.pins[worker]; pin != nil {
+		close(pin)
+		delete(p.pins, worker)
+	}
 }
 
 func (p *fakeProvider) chargeCalls() int {
@@ -266,13 +298,13 @@ func (f *effectFleet) get(slot int) *effectProc {
 	return f.live[slot]
 }
 
-// holding returns a live process the provider is holding a charge
-// response for, if any.
-func (f *effectFleet) holding(p *fakeProvider) *effectProc {
+// pinHolding returns a live process the provider is holding a charge
+// response for, if any, with that response pinned (pinHeld).
+func (f *effectFleet) pinHolding(p *fakeProvider) *effectProc {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, w := range f.live {
-		if w != nil && p.holding(w.id) {
+		if w != nil && p.pinHeld(w.id) {
 			return w
 		}
 	}
@@ -354,6 +386,7 @@ func startEffectSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, srv *pr
 			}
 			_ = target.cmd.Process.Kill() // SIGKILL: no deferred cleanup, no graceful anything
 			<-target.exited
+			srv.p.unpin(target.id)
 			e.faults.Add(1)
 			e.recordEffectKill(ctx, target.id, hit)
 		}
@@ -388,7 +421,7 @@ func (e *env) aimEffectKill(ctx context.Context, fleet *effectFleet, p *fakeProv
 	}
 	if aimed {
 		var target *effectProc
-		if !wait(func() bool { target = fleet.holding(p); return target != nil }) {
+		if !wait(func() bool { target = fleet.pinHolding(p); return target != nil }) {
 			return nil, false, false
 		}
 		if target != nil {

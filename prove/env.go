@@ -16,6 +16,7 @@ import (
 	"github.com/ferryhq/ferry/driver/databasesql"
 	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/outboxstate"
 	"github.com/ferryhq/ferry/outbox"
 )
 
@@ -43,6 +44,10 @@ type env struct {
 
 	// realInbox: package inbox consumes (else prove's reference inbox).
 	realInbox bool
+	// sentWatermark: package relay runs in the watermark design
+	// (relay.WithSentWatermark) and every read of a row's state goes
+	// through outboxStatus.
+	sentWatermark bool
 
 	outboxSnap map[string]outboxTruth // outbox before a cleanup
 
@@ -286,4 +291,15 @@ func (e *env) openEffectsSQL() string {
 		return `SELECT COUNT(*) FROM ferry_effects WHERE state NOT IN ('succeeded', 'failed')`
 	}
 	return `SELECT COUNT(*) FROM prove_ledger WHERE status <> 'succeeded'`
+}
+
+// outboxStatus is the SQL for the state of outbox row alias ("sent",
+// "pending", "dead"): its status column, or — in the watermark design —
+// the one definition the relay and ops read (internal/outboxstate: pending
+// at or below its shard's watermark is sent, retry is pending).
+func (e *env) outboxStatus(alias string) string {
+	if !e.sentWatermark {
+		return alias + ".status"
+	}
+	return outboxstate.Expr(ferry.Tables{}, alias)
 }

@@ -49,6 +49,7 @@ type config struct {
 	ackWait     time.Duration
 
 	referenceRelay bool // prove's own relay instead of package relay
+	sentWatermark  bool // package relay in the watermark design (Postgres)
 	referenceInbox bool // prove's own inbox instead of package inbox
 
 	// Tests of the settle logic: a consumer that is slow but correct must
@@ -140,6 +141,13 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // cross-check the real one and for stacks the real one does not support).
 func WithReferenceRelay() Option { return func(c *config) { c.referenceRelay = true } }
 
+// WithSentWatermark runs package relay in the watermark design
+// (relay.WithSentWatermark: acked rows are not written, a per-shard
+// watermark says what is sent) and reads every row's state the way that
+// design defines it. Postgres only; not with WithReferenceRelay, whose
+// relay writes the status column.
+func WithSentWatermark() Option { return func(c *config) { c.sentWatermark = true } }
+
 // WithReferenceInbox runs prove's built-in reference consumer instead of
 // package inbox (a second implementation of the same contract).
 func WithReferenceInbox() Option { return func(c *config) { c.referenceInbox = true } }
@@ -177,6 +185,12 @@ func (c *config) validate() error {
 	}
 	if c.postgresURL != "" && !strings.HasPrefix(c.postgresURL, "postgres://") && !strings.HasPrefix(c.postgresURL, "postgresql://") {
 		return bad("database-url", "must be a postgres:// or mysql:// URL")
+	}
+	if c.sentWatermark && c.postgresURL == "" {
+		return bad("sent-watermark", "needs Postgres (--database-url postgres://…): the watermark design relies on Postgres snapshots")
+	}
+	if c.sentWatermark && c.referenceRelay {
+		return bad("sent-watermark", "cannot be combined with reference-relay: the reference relay writes the status column")
 	}
 	if c.brokerURL != "" && c.brokerURL != BrokerNATSCluster {
 		ok := false

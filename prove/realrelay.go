@@ -87,13 +87,16 @@ func (e *env) runRealRelay(ctx context.Context, name string, rf relayFaults) err
 	if e.relayDB != nil {
 		db = e.relayDB
 	}
-	r, err := relay.New(db, pub,
-		relay.WithShardCount(proveShards), relay.WithInstanceID(id),
-		relay.WithPollInterval(20*time.Millisecond), relay.WithLeaseTTL(relayTTL),
+	opts := []relay.Option{relay.WithShardCount(proveShards), relay.WithInstanceID(id),
+		relay.WithPollInterval(20 * time.Millisecond), relay.WithLeaseTTL(relayTTL),
 		relay.WithBackoff(20*time.Millisecond, time.Second), relay.WithProbe(50*time.Millisecond, time.Second),
 		relay.WithPublishTimeout(relayPublishTimeout), relay.WithBatchSize(200),
 		relay.WithLogger(e.log), relay.WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"prove_instance": id}, e.reg)),
-		relay.WithFaults(faults), relay.WithClock(rf.clock))
+		relay.WithFaults(faults), relay.WithClock(rf.clock)}
+	if e.sentWatermark {
+		opts = append(opts, relay.WithSentWatermark())
+	}
+	r, err := relay.New(db, pub, opts...)
 	if err != nil {
 		return fmt.Errorf("prove: relay: %w", err)
 	}

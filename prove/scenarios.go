@@ -386,6 +386,7 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	// package inbox has no public switch for that, so they run on prove's
 	// reference inbox.
 	e.realInbox = !cfg.referenceInbox && !sc.nonAtomic && !sc.ackEarly
+	e.sentWatermark = cfg.sentWatermark
 	if sc.leakage {
 		e.logs = &syncBuffer{}
 		e.log = slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -569,6 +570,9 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 			perrCh <- produceNaive(runCtx, e)
 			return
 		}
+		if sc.cdcCurrentWAL {
+			waitSlot(runCtx, e, 60*time.Second)
+		}
 		perrCh <- produce(runCtx, db, w, p, cfg.producers, func() {
 			sleepCtx(runCtx, sc.throttle)
 			n := txDone.Add(1)
@@ -660,6 +664,14 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	}
 	if sc.extra != nil {
 		viol = append(viol, sc.extra(e, &f, t)...)
+	}
+	if e.sentWatermark && !sc.cdc && !sc.naive {
+		// package relay ran in the watermark design: most rows must have
+		// been sent by a watermark, or the design was not exercised.
+		e.extraNote = strings.TrimPrefix(e.extraNote+fmt.Sprintf("; watermark design: %d rows sent by their shard's watermark, %d by their status", t.sentByWatermark, t.sentByStatus), "; ")
+		if t.sentByStatus > 0 && t.sentByWatermark == 0 { // (a cleanup may have deleted them all)
+			viol = append(viol, "watermark design: no row was sent by a watermark (the relay did not run in the design under test)")
+		}
 	}
 	if e.extraNote != "" {
 		note = strings.TrimPrefix(note+"; "+e.extraNote, "; ")

@@ -84,7 +84,7 @@ func progressState(ctx context.Context, e *env) (string, bool, error) {
 	}
 	// Unsent outbox rows mean a relay still owes a (re)publish: a crash
 	// after publish leaves rows the consumer already applied.
-	if err := countInto(ctx, ex, `SELECT COUNT(*) FROM ferry_outbox WHERE status = 'pending'`, &pending); err != nil {
+	if err := countInto(ctx, ex, `SELECT COUNT(*) FROM ferry_outbox o WHERE `+e.outboxStatus("o")+` = 'pending'`, &pending); err != nil {
 		return "", false, err
 	}
 	state := fmt.Sprintf("%d/%d committed events handled, %d unsent, %d effects open, %d faults fired", handled, committed, pending, ledgerOpen, e.faults.Load())
@@ -198,7 +198,7 @@ func (t *truth) stillOwed(id string) bool {
 // unsentIDs are the outbox rows still pending.
 func unsentIDs(ctx context.Context, e *env) (map[string]bool, error) {
 	out := map[string]bool{}
-	err := scanRows(ctx, e.db.drv.Executor(), `SELECT event_id FROM ferry_outbox WHERE status = 'pending'`, func(s func(...any) error) error {
+	err := scanRows(ctx, e.db.drv.Executor(), `SELECT event_id FROM ferry_outbox o WHERE `+e.outboxStatus("o")+` = 'pending'`, func(s func(...any) error) error {
 		var id string
 		if err := s(&id); err != nil {
 			return err

@@ -40,6 +40,8 @@ type workerJob struct {
 	Transport   transportJob `json:"transport"`
 	ID          string       `json:"id"`
 	Reference   bool         `json:"reference,omitempty"`
+	// SentWatermark: role "relay" — the watermark design (WithSentWatermark).
+	SentWatermark bool `json:"sent_watermark,omitempty"`
 	// StopOnce: freeze the whole process (SIGSTOP to itself) before the
 	// first publish; the parent resumes it after the lease expired.
 	StopOnce bool `json:"stop_once,omitempty"`
@@ -117,7 +119,7 @@ func RunWorker(ctx context.Context) error {
 	e := &env{db: &database{db: db, drv: databasesql.New(db, dialect), dialect: dialect, drop: func() {}},
 		tr:   transportFromJob(job.Transport),
 		plan: &plan{events: map[string]*plannedEvent{}}, log: slog.New(slog.DiscardHandler),
-		rec: newRecorder(), reg: prometheus.NewRegistry()}
+		rec: newRecorder(), reg: prometheus.NewRegistry(), sentWatermark: job.SentWatermark}
 	e.metrics = newMetrics(e.reg)
 	if job.StatusFile != "" {
 		go writeWorkerStatus(ctx, job.StatusFile, job.StatusEvery, e.rec)
@@ -164,7 +166,8 @@ const sigkillKills = 6
 func startSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, role string, killsDone chan<- struct{}) {
 	s1, s2 := seedFor(e.cfg.seed, e.sc.name+"/sigkill")
 	rng := rand.New(rand.NewPCG(s1, s2))
-	job, _ := json.Marshal(workerJob{Role: role, DatabaseURL: e.db.url, Transport: e.tr.job(), Reference: e.cfg.referenceRelay, StartDelay: e.cfg.consumerDelay})
+	job, _ := json.Marshal(workerJob{Role: role, DatabaseURL: e.db.url, Transport: e.tr.job(), Reference: e.cfg.referenceRelay, StartDelay: e.cfg.consumerDelay,
+		SentWatermark: e.sentWatermark})
 	argv := e.cfg.worker
 	wg.Add(1)
 	go func() {
@@ -210,7 +213,8 @@ func startSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, role string, 
 // resumed, publishes its stale batch and must be fenced when it marks. At
 // the end it is asked to stop and reports its fenced writes.
 func startStoppingRelay(ctx context.Context, wg *sync.WaitGroup, e *env, frozen, resumed chan<- struct{}) {
-	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, Transport: e.tr.job(), ID: "relay-frozen", StopOnce: true})
+	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, Transport: e.tr.job(), ID: "relay-frozen", StopOnce: true,
+		SentWatermark: e.sentWatermark})
 	argv := e.cfg.worker
 	var out syncBuffer
 	cmd := exec.Command(argv[0], argv[1:]...)

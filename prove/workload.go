@@ -72,6 +72,11 @@ type plan struct {
 	// committing counts producers inside COMMIT right now (db-crash aims
 	// its frozen crash at one).
 	committing atomic.Int32
+	// serverDown is set by an injector while the server it crashed is
+	// down or restarting (db-crash): producers' retry budget does not run
+	// then, however long crash recovery takes on a loaded machine — the
+	// restart has its own limit, which fails the scenario by name.
+	serverDown atomic.Bool
 	// outcomes is what the producer saw of each transaction (the only
 	// state the run adds to the plan).
 	outcomes *txOutcomes
@@ -315,8 +320,8 @@ func eachProducer(p *plan, producers int, run func(*plannedTx) error) error {
 }
 
 // producerRetryBudget is how long a producer keeps retrying one
-// transaction that fails (at least 20 attempts): long enough to ride out
-// a database restart (db-crash).
+// transaction that fails (at least 20 attempts), not counting the time an
+// injector holds the server down (plan.serverDown).
 const producerRetryBudget = 30 * time.Second
 
 func runTx(ctx context.Context, db *database, w *outbox.Writer[*sql.Tx], p *plan, ptx *plannedTx) error {
@@ -351,9 +356,12 @@ func runTx(ctx context.Context, db *database, w *outbox.Writer[*sql.Tx], p *plan
 		// Serialization failures and busy databases: retry the whole
 		// transaction; event ids stay the same, as a retried command's would.
 		time.Sleep(min(time.Duration(attempt+1)*5*time.Millisecond, 200*time.Millisecond))
+		if p.serverDown.Load() {
+			start = time.Now()
+		}
 	}
 	p.outcomes.set(ptx.id, outcomeFailed)
-	return fmt.Errorf("prove: producer tx %d: %w", ptx.id, err)
+	return fmt.Errorf("prove: producer tx %d: gave up after %s: %w", ptx.id, time.Since(start).Round(time.Millisecond), err)
 }
 
 var errPlannedRollback = errors.New("prove: planned rollback")

@@ -185,7 +185,7 @@ func benchLatency(b *testing.B, s *store, pub broker.Publisher, insert func(cont
 		mu.Unlock()
 		return nil
 	}
-	r, err := New(s.db, pub, append([]Option{WithShardCount(s.shards), WithFaults(Faults{AfterPublishBeforeMark: hook})}, extra...)...)
+	r, err := s.newRelay(pub, append([]Option{WithShardCount(s.shards), WithFaults(Faults{AfterPublishBeforeMark: hook})}, extra...)...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -27,18 +27,31 @@ func explainClaim(t *testing.T, s *store, sql string) claimPlan {
 	if err := s.pool.QueryRow(context.Background(), "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, shards, 125).Scan(&raw); err != nil {
 		t.Fatalf("explain claim: %v", err)
 	}
+	var p claimPlan
+	root := walkPlan(t, raw, func(n map[string]any) {
+		if ix, ok := n["Index Name"].(string); ok {
+			p.indexes = append(p.indexes, ix)
+		}
+	})
+	hit, _ := root["Shared Hit Blocks"].(float64)
+	read, _ := root["Shared Read Blocks"].(float64)
+	p.buffers = int64(hit + read)
+	return p
+}
+
+// walkPlan decodes EXPLAIN (FORMAT JSON) output, calls visit on every
+// plan node, depth first, and returns the root node.
+func walkPlan(t *testing.T, raw []byte, visit func(node map[string]any)) map[string]any {
+	t.Helper()
 	var doc []struct {
 		Plan map[string]any `json:"Plan"`
 	}
 	if err := json.Unmarshal(raw, &doc); err != nil || len(doc) != 1 {
 		t.Fatalf("explain output: %v %s", err, raw)
 	}
-	var p claimPlan
 	var walk func(n map[string]any)
 	walk = func(n map[string]any) {
-		if ix, ok := n["Index Name"].(string); ok {
-			p.indexes = append(p.indexes, ix)
-		}
+		visit(n)
 		if kids, ok := n["Plans"].([]any); ok {
 			for _, k := range kids {
 				if m, ok := k.(map[string]any); ok {
@@ -48,10 +61,7 @@ func explainClaim(t *testing.T, s *store, sql string) claimPlan {
 		}
 	}
 	walk(doc[0].Plan)
-	hit, _ := doc[0].Plan["Shared Hit Blocks"].(float64)
-	read, _ := doc[0].Plan["Shared Read Blocks"].(float64)
-	p.buffers = int64(hit + read)
-	return p
+	return doc[0].Plan
 }
 
 // TestClaimPlanIgnoresStaleStatistics: a backlog is analysed while every

@@ -87,7 +87,7 @@ func benchNoisyTenant(b *testing.B, noisy, share int) {
 	if share > 0 {
 		opts = append(opts, WithTenantShare(share))
 	}
-	r, err := New(s.db, n.publisher(b), opts...)
+	r, err := s.newRelay(n.publisher(b), opts...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -115,7 +115,7 @@ func testQuietNotStarved(t *testing.T, newStore func(testing.TB, int, ...outbox.
 	if share > 0 {
 		opts = append(opts, WithTenantShare(share))
 	}
-	r, err := New(s.db, n.publisher(t), opts...)
+	r, err := s.newRelay(n.publisher(t), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestPublishRate(t *testing.T) {
 			if limited {
 				opts = append(opts, WithPublishRate(rateR, burst))
 			}
-			r, err := New(s.db, n.publisher(t), opts...)
+			r, err := s.newRelay(n.publisher(t), opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -215,7 +215,7 @@ func TestPublishRate(t *testing.T) {
 func TestPublishRateWaitDropsLostLease(t *testing.T) {
 	s := newSQLiteStore(t, 2)
 	n := startEmbeddedNATS(t)
-	r, err := New(s.db, n.publisher(t), WithShardCount(2), WithPublishRate(20, 4), WithLeaseTTL(300*time.Millisecond))
+	r, err := s.newRelay(n.publisher(t), WithShardCount(2), WithPublishRate(20, 4), WithLeaseTTL(300*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +350,7 @@ func TestSlowBrokerBoundsInFlight(t *testing.T) {
 				opts = append(opts, WithPublishRate(1e6, 10))
 				bound = workers * 10
 			}
-			r, err := New(s.db, pub, opts...)
+			r, err := s.newRelay(pub, opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -402,7 +402,7 @@ func TestTenantShareKeepsDraining(t *testing.T) {
 	s := newSQLiteStore(t, 1)
 	n := startEmbeddedNATS(t)
 	want := s.produceTenants(t, 200, 10, 1)
-	r, err := New(s.db, n.publisher(t), fastOpts(1, WithBatchSize(20), WithTenantShare(5), WithPollInterval(time.Minute))...)
+	r, err := s.newRelay(n.publisher(t), fastOpts(1, WithBatchSize(20), WithTenantShare(5), WithPollInterval(time.Minute))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/driver/sqlite"
+	"github.com/ferryhq/ferry/internal/outboxstate"
 	"github.com/ferryhq/ferry/internal/partition"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/migrate"
@@ -48,6 +49,36 @@ type store struct {
 	pgInsertTx func(ctx context.Context, tx pgx.Tx, events ...ferry.Event) ([]ferry.Event, error)
 	// begin opens a producer transaction (Postgres and MySQL).
 	begin func(ctx context.Context) (*producerTx, error)
+	// watermark: relays on this store run WithSentWatermark, and the
+	// helpers read a row's state through the watermark.
+	watermark bool
+}
+
+// newRelay is New on the store, in the store's state design.
+func (s *store) newRelay(pub broker.Publisher, opts ...Option) (*Relay, error) {
+	if s.watermark {
+		opts = append(opts, WithSentWatermark())
+	}
+	return New(s.db, pub, opts...)
+}
+
+// relayArgs are the `ferry relay` flags of the store's state design.
+func (s *store) relayArgs() []string {
+	if s.watermark {
+		return []string{"--sent-watermark"}
+	}
+	return nil
+}
+
+// statusCol is the SQL of a row's status in the store's state design.
+func (s *store) statusCol() string { return s.statusOf("ferry_outbox") }
+
+// statusOf is statusCol for the outbox row aliased alias.
+func (s *store) statusOf(alias string) string {
+	if s.watermark {
+		return outboxstate.Expr(ferry.Tables{}, alias)
+	}
+	return alias + ".status"
 }
 
 // producerTx is a caller's open transaction with an outbox writer on it.
@@ -65,6 +96,7 @@ var serverStores = []struct {
 }{
 	{"postgres", newPGStore},
 	{"postgres-partitioned", newPGPartitionedStore},
+	{"postgres-watermark", newPGWatermarkStore},
 	{"mysql", newMySQLStore},
 }
 
@@ -105,6 +137,15 @@ func writerOpts(shards int, extra ...outbox.Option) []outbox.Option {
 func newPGStore(t testing.TB, shards int, extra ...outbox.Option) *store {
 	t.Helper()
 	return newPGStoreMigrated(t, shards, nil, extra...)
+}
+
+// newPGWatermarkStore is newPGStore whose relays keep their state out of
+// the event row (WithSentWatermark).
+func newPGWatermarkStore(t testing.TB, shards int, extra ...outbox.Option) *store {
+	t.Helper()
+	s := newPGStoreMigrated(t, shards, nil, extra...)
+	s.watermark = true
+	return s
 }
 
 // newPGPartitionedStore is newPGStore with the outbox partitioned by
@@ -196,7 +237,7 @@ type rowStatus struct {
 func (s *store) rows(t testing.TB) map[string]rowStatus {
 	t.Helper()
 	rows, err := s.db.Executor().Query(context.Background(),
-		strings.Replace(`SELECT CAST(event_id AS TEXT), status, last_error, broker_receipt, attempts FROM ferry_outbox`,
+		strings.Replace(`SELECT CAST(event_id AS TEXT), `+s.statusCol()+`, last_error, broker_receipt, attempts FROM ferry_outbox`,
 			"TEXT", map[bool]string{true: "CHAR", false: "TEXT"}[s.db.Dialect() == driver.MySQL], 1))
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +260,7 @@ func (s *store) rows(t testing.TB) map[string]rowStatus {
 
 func (s *store) count(t testing.TB, status string) int {
 	t.Helper()
-	rows, err := s.db.Executor().Query(context.Background(), `SELECT count(*) FROM ferry_outbox WHERE status = $1`, status)
+	rows, err := s.db.Executor().Query(context.Background(), `SELECT count(*) FROM ferry_outbox WHERE `+s.statusCol()+` = $1`, status)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,7 +89,7 @@ func testKafkaEndToEnd(t *testing.T, s *store) {
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	want := s.produce(t, 400, 20)
-	r, err := New(s.db, pub, fastOpts(4)...)
+	r, err := s.newRelay(pub, fastOpts(4)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func testKafkaOutage(t *testing.T, s *store) {
 	t.Cleanup(func() { _ = kp.Close() })
 	pub := &countingPublisher{Publisher: kp}
 	reg := prometheus.NewRegistry()
-	r, err := New(s.db, pub, fastOpts(4, WithRegisterer(reg), WithMaxAttempts(2), WithPublishTimeout(2*time.Second))...)
+	r, err := s.newRelay(pub, fastOpts(4, WithRegisterer(reg), WithMaxAttempts(2), WithPublishTimeout(2*time.Second))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,9 +61,11 @@ func (r *Relay) leaseTick(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	before := len(r.owned)
+	forgot := 0
 	for s := range r.owned {
 		if _, ok := owned[s]; !ok {
 			r.log.WarnContext(ctx, "lease lost", "shard", s)
+			forgot += r.forgetWMLocked(s)
 		}
 	}
 	for s := range owned {
@@ -75,6 +77,7 @@ func (r *Relay) leaseTick(ctx context.Context) error {
 	r.validUntil = started.Add(r.cfg.ttl)
 	r.live = live
 	r.mu.Unlock()
+	r.forgotWM(forgot)
 
 	fair := (r.cfg.shards + live - 1) / max(live, 1)
 	r.releaseIdle(ctx)
@@ -138,6 +141,18 @@ func (r *Relay) releaseIdle(ctx context.Context) {
 	}
 	r.mu.Unlock()
 	for _, s := range idle {
+		if r.q.watermark {
+			// Acked rows waiting for the advance: pass them now if their
+			// claims' transactions have ended; the rest the next owner
+			// republishes.
+			if err := r.advance(ctx, []int{s}, nil, nil); err != nil {
+				r.log.WarnContext(ctx, "advance before release failed", "shard", s, logattr.Err(err))
+			}
+			r.mu.Lock()
+			forgot := r.forgetWMLocked(s)
+			r.mu.Unlock()
+			r.forgotWM(forgot)
+		}
 		if _, err := r.db.Executor().Exec(ctx, r.q.release, r.cfg.instance, s); err != nil {
 			r.log.WarnContext(ctx, "release lease failed; retrying at the next tick", "shard", s, logattr.Err(err))
 			continue

@@ -140,7 +140,7 @@ func testMissingDestinationHeld(t *testing.T, newStore func(testing.TB, int, ...
 			gate := &publishGate{Publisher: mc.pub}
 			s := newStore(t, 4)
 			reg := prometheus.NewRegistry()
-			r, err := New(s.db, gate, fastOpts(4, WithRegisterer(reg), WithMaxAttempts(2))...)
+			r, err := s.newRelay(gate, fastOpts(4, WithRegisterer(reg), WithMaxAttempts(2))...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -227,7 +227,7 @@ func TestMissingDestinationNegativeControl(t *testing.T) {
 func testMissingDestinationNegativeControl(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
 	mc := kafkaMissing(t)
 	s := newStore(t, 4)
-	r, err := New(s.db, asPermanent{mc.pub}, fastOpts(4)...)
+	r, err := s.newRelay(asPermanent{mc.pub}, fastOpts(4)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,6 +91,7 @@ type config struct {
 	registerer     prometheus.Registerer
 	faults         Faults
 	syncMarks      bool
+	sentWatermark  bool // WithSentWatermark
 	workers        int
 	tracer         trace.Tracer
 	clock          func() time.Time // WithClock; nil: time.Now
@@ -105,6 +106,8 @@ type config struct {
 	afterMark       func(string) // called after each mark statement, with its kind
 	noAggregateStop bool         // negative control: mark later rows of a failed aggregate anyway
 	noBreaker       bool         // negative control: charge attempts even when the broker is down
+	noSnapshotWait  bool         // negative control: the watermark passes rows without waiting for open transactions
+	advanceFirst    bool         // negative control: the watermark passes a batch before it is published
 }
 
 // WithClock sets the clock the relay reads for its local estimate of when
@@ -228,6 +231,21 @@ func WithWorkers(n int) Option { return func(c *config) { c.workers = n } }
 // same event id (a duplicate, which at-least-once delivery allows), and
 // it saves a flush per batch.
 func WithSynchronousMarks() Option { return func(c *config) { c.syncMarks = true } }
+
+// WithSentWatermark keeps the relay's state out of the event row
+// (Postgres, migration 0012): an event the broker acked is not updated;
+// each shard's lease row carries a "sent up to" id instead, moved once per
+// shard per batch, and only rows that failed (or were held) are written,
+// as 'retry'. Marking sent is two thirds of a cycle in the status design;
+// see docs/PERFORMANCE.md for what this saves and the argument that it
+// keeps G2 and G3 (watermark.go). Every relay of the deployment must use
+// it: a relay refuses to start beside live relays of the other design, or
+// in the status design once the watermark is in use.
+//
+// Readers of the outbox must read a row's state through the watermark
+// (internal/outboxstate); see the README's upgrade notes for which Ferry
+// commands do.
+func WithSentWatermark() Option { return func(c *config) { c.sentWatermark = true } }
 
 // WithPublishRate caps how fast this relay publishes: at most
 // eventsPerSecond events per second on average, in bursts of at most burst

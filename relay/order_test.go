@@ -56,7 +56,7 @@ func testMarkOrderInvariant(t *testing.T, newStore func(testing.TB, int, ...outb
 			}}
 			var violations []string
 			var vmu sync.Mutex
-			r, err := New(s.db, pub, opts...)
+			r, err := s.newRelay(pub, opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -93,7 +93,7 @@ func testMarkOrderInvariant(t *testing.T, newStore func(testing.TB, int, ...outb
 func orderViolations(t testing.TB, s *store) []string {
 	rows, err := s.db.Executor().Query(context.Background(), `SELECT a.aggregate_id, a.aggregate_seq, b.aggregate_seq
 FROM ferry_outbox a JOIN ferry_outbox b USING (tenant_id, aggregate_type, aggregate_id)
-WHERE a.status = 'sent' AND b.status <> 'sent' AND b.aggregate_seq < a.aggregate_seq LIMIT 5`)
+WHERE `+s.statusOf("a")+` = 'sent' AND `+s.statusOf("b")+` <> 'sent' AND b.aggregate_seq < a.aggregate_seq LIMIT 5`)
 	if err != nil {
 		t.Error(err)
 		return nil

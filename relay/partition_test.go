@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/internal/partition"
 	"github.com/ferryhq/ferry/migrate"
+	"github.com/ferryhq/ferry/ops"
 )
 
 // TestPartitionBoundary: with the outbox partitioned in 1-second ranges
@@ -24,11 +26,22 @@ import (
 // producers run out of partitions (the control half: an insert past the
 // last partition fails, the row is not written anywhere — a producer
 // error, never a silent loss).
+//
+// In the watermark design (WithSentWatermark) the same run follows, and
+// then `ferry cleanup` past the retention drops every partition whose rows
+// lie at or below the watermarks recorded before the cutoff, and keeps the
+// one holding a row no relay sent.
 func TestPartitionBoundary(t *testing.T) {
+	t.Run("status", func(t *testing.T) { testPartitionBoundary(t, false) })
+	t.Run("watermark", func(t *testing.T) { testPartitionBoundary(t, true) })
+}
+
+func testPartitionBoundary(t *testing.T, watermark bool) {
 	ctx := context.Background()
 	s := newPGStoreMigrated(t, 4, []migrate.Option{migrate.WithPartitionedOutbox(time.Second)})
+	s.watermark = watermark
 	n := startEmbeddedNATS(t)
-	r, err := New(s.db, n.publisher(t), fastOpts(4, WithPartitionMaintenance(200*time.Millisecond))...)
+	r, err := s.newRelay(n.publisher(t), fastOpts(4, WithPartitionMaintenance(200*time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +83,10 @@ func TestPartitionBoundary(t *testing.T) {
 		t.Fatalf("rows landed in %d partitions, want >= 8 (did the test cross boundaries?)", used)
 	}
 	t.Logf("%d events over %d partitions, all sent and on the broker", len(produced), used)
+	if watermark {
+		checkWatermarkPartitionDrop(t, s, used)
+		return
+	}
 
 	// Control: with no relay keeping partitions ahead, a write past the
 	// last partition is refused by Postgres, loudly.
@@ -208,4 +225,50 @@ func explain(t *testing.T, s *store, q string, args ...any) string {
 		lines = append(lines, l)
 	}
 	return strings.Join(lines, "\n")
+}
+
+// checkWatermarkPartitionDrop: past the retention, cleanup drops the
+// partitions of rows the watermark design sent (their rows are 'pending'
+// below the recorded watermarks) and keeps the one holding an unsent row.
+func checkWatermarkPartitionDrop(t *testing.T, s *store, used int) {
+	t.Helper()
+	ctx := context.Background()
+	unsent := s.produce(t, 1, 1)[0] // no relay runs now
+	var unsentPart string
+	if err := s.pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM ferry_outbox WHERE event_id = $1`, unsent.ID).Scan(&unsentPart); err != nil {
+		t.Fatal(err)
+	}
+	// A replay window of a second (the partitions are one-second ranges;
+	// moving the clock a week on would create a week of them ahead).
+	o, err := ops.New(s.db, ops.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	approve := ops.Approval{Approve: true, Actor: "test", Reason: "partition drop"}
+	if _, err := o.SetReplayWindow(ctx, ops.Window{BrokerDedupWindow: time.Second, InboxReplayHorizon: time.Second}, approve); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // the last partition with rows ends 2 s before now
+	res, err := o.Cleanup(ctx, ops.CleanupOptions{Retention: time.Second}, approve)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped, keptUnsent := 0, false
+	for _, p := range res.OutboxPartitions {
+		switch {
+		case p.Dropped:
+			dropped++
+			if strings.HasSuffix(unsentPart, p.Name) {
+				t.Fatalf("partition %s holding an unsent row was dropped", p.Name)
+			}
+		case strings.HasSuffix(unsentPart, p.Name):
+			keptUnsent = strings.Contains(p.Kept, "not sent")
+		}
+	}
+	if dropped < used-1 || !keptUnsent {
+		t.Fatalf("cleanup dropped %d partitions (rows in %d), kept the unsent row's %s: %v; verdicts %+v", dropped, used, unsentPart, keptUnsent, res.OutboxPartitions)
+	}
+	if got := s.rows(t); len(got) == 0 || got[unsent.ID.String()].status != "pending" {
+		t.Fatalf("the unsent row is gone or not pending after cleanup: %+v", got[unsent.ID.String()])
+	}
 }

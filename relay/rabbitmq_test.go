@@ -55,7 +55,7 @@ func testRabbitMQOutage(t *testing.T, newStore func(testing.TB, int, ...outbox.O
 
 	s := newStore(t, 4)
 	reg := prometheus.NewRegistry()
-	r, err := New(s.db, pub, fastOpts(4, WithRegisterer(reg), WithMaxAttempts(2), WithPublishTimeout(2*time.Second))...)
+	r, err := s.newRelay(pub, fastOpts(4, WithRegisterer(reg), WithMaxAttempts(2), WithPublishTimeout(2*time.Second))...)
 	if err != nil {
 		t.Fatal(err)
 	}

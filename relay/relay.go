@@ -160,6 +160,7 @@ type Relay struct {
 	// transiently while the broker answered (worker.go, holdUnavailable).
 	unavailable missingDests
 	accepted    acceptedDests
+	wm          map[int]*shardWM // WithSentWatermark: acked rows above the watermark (under mu)
 
 	published, duplicates, retries, dead, fenced, publishCalls, pingCalls atomic.Uint64
 }
@@ -194,7 +195,11 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 		cfg.tracer = otel.GetTracerProvider().Tracer(tracerName)
 	}
 	cfg.logger = logattr.OrDefault(cfg.logger)
-	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, queryOpts{noFence: cfg.noFence, syncMarks: cfg.syncMarks, tenantShare: cfg.tenantShare})
+	if cfg.sentWatermark && db.Dialect() != driver.Postgres {
+		return nil, &ferry.ConfigError{Field: "sent_watermark", Reason: fmt.Sprintf("needs Postgres (got %s)", db.Dialect())}
+	}
+	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, queryOpts{noFence: cfg.noFence, syncMarks: cfg.syncMarks, tenantShare: cfg.tenantShare,
+		watermark: cfg.sentWatermark, noSnapshotWait: cfg.noSnapshotWait})
 	if err != nil {
 		return nil, err
 	}
@@ -319,6 +324,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	r.owned = map[int]int64{}
 	r.releasing = map[int]bool{}
+	r.wm = nil
 	r.mu.Unlock()
 	r.crashed.Store(false)
 	if errors.Is(workerErr, ErrFaultInjected) {
@@ -365,8 +371,11 @@ func (r *Relay) start(ctx context.Context) error {
 	}
 	if q, err := newQueries(r.db.Dialect(), r.cfg.tables, r.cfg.deadPolicy,
 		queryOpts{noFence: r.cfg.noFence, syncMarks: r.cfg.syncMarks, discarded: cols > 0, tenantShare: r.cfg.tenantShare,
-			partitioned: parted}); err == nil {
+			partitioned: parted, watermark: r.cfg.sentWatermark, noSnapshotWait: r.cfg.noSnapshotWait}); err == nil {
 		r.q = q
+	}
+	if err := r.checkStateDesign(ctx); err != nil {
+		return err
 	}
 	if parted {
 		// Before the first claim: producers must never find no partition.

@@ -31,7 +31,7 @@ func TestReshardCountsOnlyPublishableRows(t *testing.T) {
 			}
 			start := func() error {
 				t.Helper()
-				r, err := New(s.db, n.publisher(t), fastOpts(8)...)
+				r, err := s.newRelay(n.publisher(t), fastOpts(8)...)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -66,7 +66,7 @@ func TestReshardCountsOnlyPublishableRows(t *testing.T) {
 			if dead, err := o.ListDead(ctx, ops.Filter{All: true}, false); err != nil || len(dead) != 0 {
 				t.Fatalf("dlq list after discard: %d rows, %v", len(dead), err)
 			}
-			r, err := New(s.db, n.publisher(t), fastOpts(8)...)
+			r, err := s.newRelay(n.publisher(t), fastOpts(8)...)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -40,6 +40,14 @@ type queries struct {
 	markSent        string
 	markFailed      string
 
+	// WithSentWatermark (watermark.go)
+	watermark    bool
+	advance      string // move shards' sent_up_to, holding the rows it passes unsent
+	stateInUse   string // is the watermark state in use (status-mode relays refuse then)
+	otherState   string // live relays of the other state design
+	hasWatermark string // did migration 0012 run
+	idCache      string // the outbox identity's CACHE
+
 	mysqlLeases map[string]mysqlLease // MySQL: lease statements without RETURNING
 }
 
@@ -62,6 +70,11 @@ type queryOpts struct {
 	// marks match on it, so each row's update is pruned at run time to its
 	// own partition instead of probing every partition's primary key.
 	partitioned bool
+	// watermark: WithSentWatermark (Postgres): acked rows are not
+	// updated; the shard's relay_leases.sent_up_to moves instead.
+	watermark bool
+	// noSnapshotWait: test hook, the late-commit negative control.
+	noSnapshotWait bool
 }
 
 func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts) (*queries, error) {
@@ -263,6 +276,10 @@ WHERE `+byKey+` AND %[1]s.status = 'pending' AND %[4]s`,
 		outbox, plus("m.delay"), rowsOf("$2", failedCols...), fence, async, withAsync)
 	if d == driver.MySQL {
 		mysqlQueries(q, t, now, plus, fence)
+	}
+	if d == driver.Postgres {
+		watermarkQueries(q, t, o, watermarkParts{cols: cols, fence: fence, withAsync: withAsync, async: async,
+			rowsOf: rowsOf, byKey: byKey, sentCols: sentCols, failedCols: failedCols, deadHold: policy == DeadHold})
 	}
 	return q, nil
 }

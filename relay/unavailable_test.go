@@ -35,7 +35,7 @@ func TestDestinationUnavailable(t *testing.T) {
 			n := startEmbeddedNATS(t)
 			pub := &countingPublisher{Publisher: n.publisher(t)}
 			pub.setFail(func(int, *ferry.Event) error { return errNoResponse })
-			r, err := New(s.db, pub, fastOpts(2, WithMaxAttempts(2), WithBackoff(5*time.Millisecond, 20*time.Millisecond))...)
+			r, err := s.newRelay(pub, fastOpts(2, WithMaxAttempts(2), WithBackoff(5*time.Millisecond, 20*time.Millisecond))...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -80,7 +80,7 @@ func TestDestinationUnavailableNegativeControl(t *testing.T) {
 			n := startEmbeddedNATS(t)
 			pub := &countingPublisher{Publisher: n.publisher(t)}
 			pub.setFail(func(int, *ferry.Event) error { return errNoResponse })
-			r, err := New(s.db, pub, fastOpts(2, WithMaxAttempts(2), WithBackoff(5*time.Millisecond, 20*time.Millisecond))...)
+			r, err := s.newRelay(pub, fastOpts(2, WithMaxAttempts(2), WithBackoff(5*time.Millisecond, 20*time.Millisecond))...)
 			if err != nil {
 				t.Fatal(err)
 			}

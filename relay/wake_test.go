@@ -31,7 +31,7 @@ func TestListenNotify(t *testing.T) {
 			if listen {
 				opts = append(opts, WithListener(s.pool, notifyChannel))
 			}
-			r, err := New(s.db, n.publisher(t), opts...)
+			r, err := s.newRelay(n.publisher(t), opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -80,7 +80,7 @@ func TestNotifyMySQL(t *testing.T) {
 
 func testNotifyInProcess(t *testing.T, s *store) {
 	n := startEmbeddedNATS(t)
-	r, err := New(s.db, n.publisher(t), fastOpts(2, WithPollInterval(time.Minute))...)
+	r, err := s.newRelay(n.publisher(t), fastOpts(2, WithPollInterval(time.Minute))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,10 @@ type claimed struct {
 	// createdAt is the partition key of a partitioned outbox's row (nil
 	// otherwise); the marks match on it.
 	createdAt *time.Time
+	// WithSentWatermark: retry is a row of the claim's retry arm (marked
+	// sent explicitly when acked); snap is the claim's snapshot.
+	retry bool
+	snap  string
 }
 
 type aggKey struct{ tenant, typ, id string }
@@ -159,6 +163,10 @@ func (r *Relay) cycle(ctx context.Context, limit int) (more bool, err error) {
 	t0 := time.Now()
 	batch, more, err := r.claim(ctx, shards, fences, per)
 	r.m.phase.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
+	if err == nil && len(batch) == 0 && r.q.watermark {
+		// Acked rows waiting for a producer transaction to end.
+		err = r.advance(ctx, shards, nil, nil)
+	}
 	if err != nil || len(batch) == 0 {
 		return false, err
 	}
@@ -198,6 +206,10 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 				c.createdAt = new(time.Time)
 				dest = append(dest, c.createdAt)
 			}
+			var wm int64
+			if r.q.watermark {
+				dest = append(dest, &c.retry, &wm, &c.snap)
+			}
 			if err := rows.Scan(dest...); err != nil {
 				return fmt.Errorf("relay: claim: scan: %w", err)
 			}
@@ -228,7 +240,15 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 		}
 		return rows.Err()
 	}
-	if r.q.dialect == driver.Postgres {
+	if r.q.watermark {
+		rows, err := exec.Query(ctx, r.q.claim, r.q.shardsParam(shards), per, r.wmAcked(shards, fences))
+		if err != nil {
+			return nil, false, fmt.Errorf("relay: claim: %w", err)
+		}
+		if err := scan(rows); err != nil {
+			return nil, false, err
+		}
+	} else if r.q.dialect == driver.Postgres {
 		rows, err := exec.Query(ctx, r.q.claim, r.q.shardsParam(shards), per)
 		if err != nil {
 			return nil, false, fmt.Errorf("relay: claim: %w", err)
@@ -281,11 +301,21 @@ func orderBatch(b []claimed) []claimed {
 }
 
 // publishAndMark publishes a batch, waits for every result and writes the
-// outcome in at most two statements, each fenced.
-func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
+// outcome in at most two statements, each fenced (three with
+// WithSentWatermark: the advance).
+func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) (err error) {
 	events := make([]ferry.Event, len(batch))
 	for i := range batch {
 		events[i] = batch[i].ev
+	}
+	if r.cfg.advanceFirst && r.q.watermark { // the negative control: "sent" before the ack
+		all := make([]bool, len(batch))
+		for i := range all {
+			all[i] = !batch[i].retry
+		}
+		if err := r.advance(ctx, shardsOf(batch), batch, all); err != nil {
+			return err
+		}
 	}
 	if f := r.cfg.faults.BeforePublish; f != nil {
 		if err := f(ctx, events); err != nil {
@@ -329,6 +359,20 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		// Another worker "crashed": a crashed process marks nothing more.
 		return nil
 	}
+	// WithSentWatermark: pending-arm rows the broker acked are not marked;
+	// once the failures are written, the advance passes them (and holds
+	// the rest as retry). Skipped after an error or a fenced mark: the
+	// rows above the watermark are then published again.
+	var wmAcked []bool
+	fenced := false
+	if r.q.watermark {
+		wmAcked = make([]bool, len(batch))
+		defer func() {
+			if err == nil && !fenced && !r.crashed.Load() {
+				err = r.advance(ctx, shardsOf(batch), batch, wmAcked)
+			}
+		}()
+	}
 
 	// Walk in batch order. After an aggregate's first failure its later
 	// rows are left untouched: never marked sent ahead of the failed one
@@ -362,9 +406,19 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 			continue
 		}
 		res := results[i]
+		if res.Err == nil && wmAcked != nil && !c.retry {
+			wmAcked[i] = true
+			r.m.latency.Observe(acked.Sub(c.ev.OccurredAt).Seconds())
+			if res.Receipt.Duplicate {
+				r.duplicates.Add(1)
+				r.m.duplicates.Inc()
+			}
+		}
 		if res.Err == nil {
-			sent = append(sent, sentRow{ID: c.id, Fence: c.fence, Receipt: res.Receipt.String(), CreatedAt: c.createdAt})
-			sentIdx = append(sentIdx, i)
+			if wmAcked == nil || c.retry {
+				sent = append(sent, sentRow{ID: c.id, Fence: c.fence, Receipt: res.Receipt.String(), CreatedAt: c.createdAt})
+				sentIdx = append(sentIdx, i)
+			}
 			if was, d := r.missing.ok(c.ev.Topic, now); was {
 				r.log.InfoContext(pctx, "destination exists again; held events are being published", "destination", c.ev.Topic, "missing_for", d.Round(time.Millisecond))
 			}
@@ -427,6 +481,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 				}
 			}
 		} else {
+			fenced = true
 			r.fencedWrites(int64(len(sent))-n, "sent")
 		}
 		r.m.batches.Inc()
@@ -466,6 +521,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) error {
 		return err
 	}
 	if n < int64(len(failed)) {
+		fenced = true
 		r.fencedWrites(int64(len(failed))-n, "failed")
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	"github.com/ferryhq/ferry/broker/natsjs"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/driver/sqlite"
 	"github.com/ferryhq/ferry/migrate"
 	"github.com/ferryhq/ferry/outbox"
 	"github.com/ferryhq/ferry/relay"
@@ -41,11 +43,12 @@ type benchRelayFlags struct {
 	workers   int
 	batch     int
 	// --backlog / --table-rows: the large-table drain (bench_relay_scale.go)
-	backlog   int
-	tableRows int
-	partition time.Duration // --partition-outbox: the outbox partitioned by created_at
-	prototype string        // --prototype: "watermark" drains with statebench.WatermarkDrain
-	asJSON    bool
+	backlog       int
+	tableRows     int
+	partition     time.Duration // --partition-outbox: the outbox partitioned by created_at
+	prototype     string        // --prototype: "watermark" drains with statebench.WatermarkDrain
+	sentWatermark bool          // --sent-watermark: the relay runs WithSentWatermark
+	asJSON        bool
 }
 
 func newBenchRelayCmd() *cobra.Command {
@@ -53,7 +56,8 @@ func newBenchRelayCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Relay benchmark: drain rate Postgres → broker, commit→ack latency with and without NOTIFY, peak RSS",
-		Long: `Creates a scratch schema in the Postgres database (dropped afterwards), then:
+		Long: `Creates a scratch schema in the Postgres database (MySQL: a scratch
+database; SQLite: a scratch file; dropped afterwards), then:
 
   drain    pre-fills --events events and measures how fast one relay with
            default settings publishes them (events/s);
@@ -76,7 +80,7 @@ high-water mark, producer included: an upper bound for the relay's.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.dbURL, "database-url", "", "postgres://… (a scratch schema is created in it) or mysql://… (a scratch database is created on the server: needs CREATE and DROP)")
+	fl.StringVar(&f.dbURL, "database-url", "", "postgres://… (a scratch schema is created in it), mysql://… (a scratch database is created on the server: needs CREATE and DROP) or sqlite:DIR (a scratch file in DIR; sqlite: alone, a temp dir)")
 	fl.StringVar(&f.brokerURL, "broker-url", "nats://127.0.0.1:4222", "nats://… or kfake")
 	fl.IntVar(&f.events, "events", 50000, "events to pre-fill for the drain measurement")
 	fl.IntVar(&f.rate, "rate", 1000, "events per second for the latency measurement")
@@ -89,16 +93,21 @@ high-water mark, producer included: an upper bound for the relay's.`,
 	fl.IntVar(&f.tableRows, "table-rows", 0, "with --backlog: sent rows already in the outbox (ids below the backlog's)")
 	fl.DurationVar(&f.partition, "partition-outbox", 0, "with --backlog: a partitioned outbox in ranges of this length (migrate --partition-outbox)")
 	fl.BoolVar(&f.asJSON, "json", false, "with --backlog: print one JSON object")
+	fl.BoolVar(&f.sentWatermark, "sent-watermark", false, "the relay keeps its state out of the event row (relay.WithSentWatermark, Postgres)")
 	fl.StringVar(&f.prototype, "prototype", "", `with --backlog: "watermark" drains with a prototype of #17's recommended design (claim from a per-shard watermark, one watermark UPDATE per batch, event rows never updated; no leases, fences or failure handling) instead of the relay`)
 	return cmd
 }
 
 func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error {
 	mysqlDB := strings.HasPrefix(f.dbURL, "mysql://")
-	if !strings.HasPrefix(f.dbURL, "postgres") && !mysqlDB {
-		return errors.New("--database-url must be a postgres:// or mysql:// URL")
+	sqliteDB := strings.HasPrefix(f.dbURL, "sqlite:")
+	if !strings.HasPrefix(f.dbURL, "postgres") && !mysqlDB && !sqliteDB {
+		return errors.New("--database-url must be a postgres://, mysql:// or sqlite:DIR URL")
 	}
 	if f.backlog > 0 || f.tableRows > 0 || f.asJSON {
+		if sqliteDB {
+			return errors.New("--backlog, --table-rows, --json: Postgres or MySQL only (the large-table runs pre-fill with server-side SQL); without them sqlite: runs drain, broker and latency")
+		}
 		return runBenchRelayScale(ctx, out, f)
 	}
 	if f.events < 1 || f.rate < 1 || f.latencyN < 1 || f.aggs < 1 || f.payload < 0 {
@@ -115,6 +124,9 @@ func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error
 		return err
 	}
 	fmt.Fprintf(out, "drain     %8d events in %-8s %8.0f events/s\n", f.events, drain.elapsed.Round(time.Millisecond), float64(f.events)/drain.elapsed.Seconds())
+	if drain.claims.Count > 0 {
+		fmt.Fprintf(out, "          statements: %s\n", statementsLine(drain.claims, drain.marks))
+	}
 	// The broker's own limit, measured now on the same machine state.
 	ref, err := benchBrokerReference(ctx, f.brokerURL, f.events, f.payload, f.aggs)
 	if err != nil {
@@ -128,6 +140,10 @@ func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error
 			fmt.Fprintf(out, "latency   NOTIFY       n/a: MySQL has no LISTEN/NOTIFY, the relay polls\n")
 			continue
 		}
+		if notify && sqliteDB {
+			fmt.Fprintf(out, "latency   NOTIFY       n/a: SQLite has no LISTEN/NOTIFY (an in-process producer calls Relay.Notify()), the relay polls\n")
+			continue
+		}
 		res, err := benchRelayRun(ctx, f, "latency", notify)
 		if err != nil {
 			return err
@@ -138,6 +154,9 @@ func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error
 		}
 		fmt.Fprintf(out, "latency   %-12s %d events at %d/s: commit→ack p50 %6.2f ms  p99 %7.2f ms  max %7.2f ms\n",
 			mode, len(res.lat), f.rate, ms(res.q(0.5)), ms(res.q(0.99)), ms(res.q(1)))
+		if res.claims.Count > 0 {
+			fmt.Fprintf(out, "          statements: %s\n", statementsLine(res.claims, res.marks))
+		}
 	}
 	fmt.Fprintf(out, "peak RSS  %.1f MB (whole process)\n", float64(benchPeakRSS())/(1<<20))
 	return nil
@@ -146,6 +165,9 @@ func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error
 type benchResult struct {
 	elapsed time.Duration
 	lat     []time.Duration
+	// claims, marks: the relay's claim and mark (watermark design: advance)
+	// statements, timed by relayTracer (Postgres only; zero elsewhere).
+	claims, marks phaseFigures
 }
 
 func (r benchResult) q(p float64) time.Duration {
@@ -161,6 +183,32 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // and destination.
 func benchRelayRun(ctx context.Context, f *benchRelayFlags, kind string, notify bool) (benchResult, error) {
 	suffix := benchRandHex()
+	if dir, ok := strings.CutPrefix(f.dbURL, "sqlite:"); ok {
+		// A scratch file per measurement, in dir (default: a temp dir).
+		if dir == "" {
+			var err error
+			if dir, err = os.MkdirTemp("", "ferry-bench-*"); err != nil {
+				return benchResult{}, fmt.Errorf("bench: %w", err)
+			}
+			defer os.RemoveAll(dir)
+		}
+		path := filepath.Join(dir, "ferry_bench_"+suffix+".db")
+		db, err := sqlite.Open(path)
+		if err != nil {
+			return benchResult{}, fmt.Errorf("bench: %w", err)
+		}
+		defer func() {
+			_ = db.Close()
+			for _, p := range []string{path, path + "-wal", path + "-shm"} {
+				_ = os.Remove(p)
+			}
+		}()
+		drv := sqlite.New(db)
+		if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
+			return benchResult{}, fmt.Errorf("bench: migrate: %w", err)
+		}
+		return benchRelayMeasure(ctx, f, kind, suffix, drv, drv, nil)
+	}
 	if strings.HasPrefix(f.dbURL, "mysql://") {
 		drv, drop, err := benchMySQLScratch(ctx, f.dbURL, "ferry_bench_"+suffix, f.workers+4)
 		if err != nil {
@@ -172,7 +220,13 @@ func benchRelayRun(ctx context.Context, f *benchRelayFlags, kind string, notify 
 	// The relay's workers, lease loop and LISTEN, the producer and the
 	// measurement's own queries (pgxpool's default, max(4, CPUs), made the
 	// workers wait for connections on two cores).
-	pool, drop, err := benchPGScratch(ctx, f.dbURL, "ferry_bench_"+suffix, func(c *pgxpool.Config) { c.MaxConns = int32(f.workers + 4) })
+	// The tracer times the relay's claims and marks (advances), so the
+	// report says where a cycle's time goes.
+	tr := &relayTracer{}
+	pool, drop, err := benchPGScratch(ctx, f.dbURL, "ferry_bench_"+suffix, func(c *pgxpool.Config) {
+		c.MaxConns = int32(f.workers + 4)
+		c.ConnConfig.Tracer = tr
+	})
 	if err != nil {
 		return benchResult{}, err
 	}
@@ -185,7 +239,11 @@ func benchRelayRun(ctx context.Context, f *benchRelayFlags, kind string, notify 
 	if notify {
 		listen = pool
 	}
-	return benchRelayMeasure(ctx, f, kind, suffix, drv, drv, listen)
+	res, err := benchRelayMeasure(ctx, f, kind, suffix, drv, drv, listen)
+	tr.mu.Lock()
+	res.claims, res.marks = phase(tr.claims), phase(tr.marks)
+	tr.mu.Unlock()
+	return res, err
 }
 
 // benchRelayMeasure runs one measurement on a migrated store; listen is
@@ -201,6 +259,9 @@ func benchRelayMeasure[TTx any](ctx context.Context, f *benchRelayFlags, kind, s
 
 	wopts := []outbox.Option{outbox.WithTopicTemplate(ferry.TopicTemplate(prefix + ".{aggregate_type}"))}
 	ropts := []relay.Option{relay.WithWorkers(f.workers), relay.WithBatchSize(f.batch)}
+	if f.sentWatermark {
+		ropts = append(ropts, relay.WithSentWatermark())
+	}
 	if notify {
 		wopts = append(wopts, outbox.WithNotify("ferry_bench_"+suffix))
 		ropts = append(ropts, relay.WithListener(listen, "ferry_bench_"+suffix))

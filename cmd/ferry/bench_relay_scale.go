@@ -19,6 +19,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/internal/outboxstate"
 	"github.com/ferryhq/ferry/internal/producebench"
 	"github.com/ferryhq/ferry/internal/statebench"
 	"github.com/ferryhq/ferry/migrate"
@@ -43,6 +44,8 @@ type scaleReport struct {
 	PartitionSeconds float64 `json:"partition_interval_seconds,omitempty"`
 	// Prototype: the drain ran statebench.WatermarkDrain, not the relay.
 	Prototype string `json:"prototype,omitempty"`
+	// SentWatermark: the relay ran WithSentWatermark (--sent-watermark).
+	SentWatermark bool `json:"sent_watermark,omitempty"`
 	// PrototypeMarks: the watermark UPDATE statements the prototype ran.
 	PrototypeMarks int64  `json:"prototype_marks,omitempty"`
 	Payload        int    `json:"payload_bytes"`
@@ -97,6 +100,13 @@ type phaseFigures struct {
 	P99MS  float64 `json:"p99_ms"`
 }
 
+// statementsLine is how every bench report prints the relay's claim and
+// mark (watermark design: advance) statement timings.
+func statementsLine(claims, marks phaseFigures) string {
+	return fmt.Sprintf("%d claims mean %.2f ms p99 %.2f ms; %d marks/advances mean %.2f ms p99 %.2f ms",
+		claims.Count, claims.MeanMS, claims.P99MS, marks.Count, marks.MeanMS, marks.P99MS)
+}
+
 type tableFigures struct {
 	Updates    float64 `json:"n_tup_upd"`
 	HOTUpdates float64 `json:"n_tup_hot_upd"`
@@ -140,7 +150,7 @@ func (t *relayTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 			t.claimSQL, t.claimArgs = d.SQL, append([]any(nil), d.Args...)
 		}
 		t.mu.Unlock()
-	case strings.Contains(d.SQL, "SET status = 'sent'"):
+	case strings.Contains(d.SQL, "SET status = 'sent'"), strings.Contains(d.SQL, "SET sent_up_to"):
 		kind = 'm'
 	default:
 		return ctx
@@ -239,6 +249,10 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 	}
 	defer cleanup()
 	ropts := []relay.Option{relay.WithWorkers(f.workers), relay.WithBatchSize(f.batch)}
+	if f.sentWatermark {
+		ropts = append(ropts, relay.WithSentWatermark())
+		rep.SentWatermark = true
+	}
 
 	// 1. The relay's claim as it sends it: a relay polling the empty outbox.
 	if err := scaleRelay(ctx, drv, pub, ropts, func(*relay.Relay) bool { s, _ := tr.claim(); return s != "" }); err != nil {
@@ -301,15 +315,15 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 		rep.ServerCPUus = float64((cpu1.Server-cpu0.Server)/time.Microsecond) / n
 	}
 	wantUpd := before.upd + int64(f.backlog)
-	if f.prototype != "" {
-		wantUpd = before.upd // the prototype never updates an event row
+	if f.prototype != "" || f.sentWatermark {
+		wantUpd = before.upd // neither updates an event row it publishes at the first try
 	}
 	after, err := scaleSnapshotSettled(ctx, pool, schema, wantUpd)
 	if err != nil {
 		return err
 	}
 	var sent, total int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FROM `+ferry.Tables{}.Name("outbox")).Scan(&sent, &total); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE `+outboxstate.Expr(ferry.Tables{}, "o")+` = 'sent'), count(*) FROM `+ferry.Tables{}.Name("outbox")+` o`).Scan(&sent, &total); err != nil {
 		return err
 	}
 	if f.prototype != "" {
@@ -390,7 +404,7 @@ func scaleRelay(ctx context.Context, db relay.DB, pub broker.Publisher, opts []r
 // explainClaim runs EXPLAIN (ANALYZE, BUFFERS) of the relay's claim three
 // times and keeps the run with the median execution time.
 func explainClaim(ctx context.Context, pool *pgxpool.Pool, sql string, args []any) (explainFigures, error) {
-	if sql == "" || len(args) != 2 {
+	if sql == "" || len(args) < 2 {
 		return explainFigures{}, errors.New("bench relay: the relay's claim was not captured")
 	}
 	var runs []explainFigures
@@ -545,6 +559,9 @@ func scaleSnapshotSettled(ctx context.Context, pool *pgxpool.Pool, schema string
 func printScale(out io.Writer, r *scaleReport) {
 	fmt.Fprintf(out, "prefill   %d sent + %d pending rows in %.1fs (INSERT … SELECT generate_series, VACUUM ANALYZE)\n", r.TableRows, r.Backlog, r.PrefillSeconds)
 	fmt.Fprintf(out, "drain     %8d events in %6.2fs %8.0f events/s\n", r.Backlog, r.DrainSeconds, r.DrainPerSec)
+	if r.SentWatermark {
+		fmt.Fprintln(out, "relay     WithSentWatermark: acked rows are passed by a per-shard watermark, not updated")
+	}
 	if r.Prototype != "" {
 		fmt.Fprintf(out, "prototype %s: not the relay (no leases, fences, failures or late commits); %d watermark UPDATEs, event rows never updated\n",
 			r.Prototype, r.PrototypeMarks)
@@ -560,8 +577,7 @@ func printScale(out io.Writer, r *scaleReport) {
 		fmt.Fprintf(out, "          plan: %s\n", strings.Join(c.e.Plan, " > "))
 	}
 	if r.Prototype == "" { // the prototype's statements are not the relay's
-		fmt.Fprintf(out, "phases    during the drain: %d claims mean %.2f ms p99 %.2f ms; %d marks mean %.2f ms p99 %.2f ms\n",
-			r.Claims.Count, r.Claims.MeanMS, r.Claims.P99MS, r.Marks.Count, r.Marks.MeanMS, r.Marks.P99MS)
+		fmt.Fprintf(out, "phases    during the drain: %s\n", statementsLine(r.Claims, r.Marks))
 	}
 	fmt.Fprintf(out, "wal       %.1f bytes/event, %.2f records/event, %.3f full-page images/event (cluster-wide: includes other sessions' WAL)\n",
 		r.WALBytesPerEvent, r.WALRecsPerEvent, r.WALFPIPerEvent)

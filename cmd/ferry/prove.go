@@ -16,17 +16,17 @@ import (
 
 func newProveCmd() *cobra.Command {
 	var (
-		scenarios             []string
-		list, asJSON, refRel  bool
-		seed                  int64
-		events, aggs, tenants int
-		producers             int
-		duration              time.Duration
-		postgres, brokerURL   string
-		soak                  prove.SoakOptions
-		matrix                bool
-		stacks                []string
-		matrixURLs            prove.MatrixOptions
+		scenarios                    []string
+		list, asJSON, refRel, sentWM bool
+		seed                         int64
+		events, aggs, tenants        int
+		producers                    int
+		duration                     time.Duration
+		postgres, brokerURL          string
+		soak                         prove.SoakOptions
+		matrix                       bool
+		stacks                       []string
+		matrixURLs                   prove.MatrixOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "prove",
@@ -91,6 +91,9 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 			if refRel {
 				opts = append(opts, prove.WithReferenceRelay())
 			}
+			if sentWM {
+				opts = append(opts, prove.WithSentWatermark())
+			}
 			if soak.Period > 0 {
 				return runSoakCmd(cmd, soak, asJSON, opts)
 			}
@@ -126,6 +129,7 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 	_ = f.MarkDeprecated("postgres", "use --database-url")
 	f.StringVar(&brokerURL, "broker", "", "broker: nats://host:port, nats-cluster (prove's own 3-node JetStream cluster, R3 streams), kafka://kfake, kafka://host:port[,…], amqp://user:pass@host:port/ (default: embedded NATS)")
 	f.BoolVar(&refRel, "reference-relay", false, "use prove's reference relay instead of package relay")
+	f.BoolVar(&sentWM, "sent-watermark", false, "run package relay in the watermark design (relay.WithSentWatermark; Postgres only) and read row states as that design defines them")
 	f.DurationVar(&soak.Period, "soak", 0, "run a bounded soak instead of the scenarios: producers at a steady rate for this long (10s..24h) with faults on a schedule, figures per interval, RSS and goroutines of every process, then the checker")
 	f.DurationVar(&soak.Interval, "soak-interval", 0, "with --soak: one row of figures per interval (default 1m, or the period when shorter)")
 	f.DurationVar(&soak.FaultEvery, "soak-fault-every", 0, "with --soak: the gap from one fault's end to the next fault (default 30s, or a quarter of the period when shorter)")
@@ -169,6 +173,8 @@ func checkProveModes(cmd *cobra.Command, soak, matrix bool) error {
 		return fmt.Errorf("%s does not apply to --soak: the soak runs one pipeline of --soak-rate × --soak transactions", changed("scenario", "events"))
 	case !soak && changed("soak-interval", "soak-fault-every", "soak-rate") != "":
 		return fmt.Errorf("%s needs --soak", changed("soak-interval", "soak-fault-every", "soak-rate"))
+	case matrix && changed("sent-watermark") != "":
+		return fmt.Errorf("--sent-watermark does not apply to --matrix: the watermark design is Postgres-only; run it with --database-url postgres://… instead")
 	case matrix && changed("database-url", "postgres", "broker") != "":
 		return fmt.Errorf("%s does not apply to --matrix: it sets the database and broker per stack; use --stacks and --matrix-postgres, --matrix-mysql, --matrix-rabbitmq", changed("database-url", "postgres", "broker"))
 	case !matrix && changed("stacks", "matrix-postgres", "matrix-mysql", "matrix-rabbitmq") != "":

@@ -30,6 +30,7 @@ import (
 	"github.com/ferryhq/ferry/broker/rabbitmq"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/outboxstate"
 	"github.com/ferryhq/ferry/relay"
 )
 
@@ -57,6 +58,7 @@ type relayFlags struct {
 	publishRate    float64 // --publish-rate; 0 = unlimited
 	publishBurst   int     // --publish-burst; 0 = --batch-size
 	tenantShare    int     // --tenant-share; 0 = off
+	sentWatermark  bool    // --sent-watermark
 	source         string
 	slot           string
 	publication    string
@@ -137,6 +139,7 @@ the leases and exits 0.`,
 	fl.IntVar(&f.workers, "workers", relay.DefaultWorkers, "poll: concurrent claim-publish-mark loops")
 	fl.Float64Var(&f.publishRate, "publish-rate", 0, "poll: publish at most this many events per second, across all workers (0 = unlimited)")
 	fl.IntVar(&f.publishBurst, "publish-burst", 0, "poll: with --publish-rate, the largest burst in events (0 = --batch-size, at most 10000)")
+	fl.BoolVar(&f.sentWatermark, "sent-watermark", false, "poll, Postgres: keep the relay's state out of the event row (a per-shard sent-up-to id; relay.WithSentWatermark); every relay of the deployment must use it")
 	fl.IntVar(&f.tenantShare, "tenant-share", 0, "poll: a claim takes at most this many rows per tenant per shard, so one tenant's burst cannot delay the others (0 = off)")
 	fl.StringVar(&f.source, "source", cloudevents.DefaultSource, `CloudEvents "source" attribute of every published event, a URI-reference, e.g. "ferry://orders-service"`)
 	fl.DurationVar(&f.poll, "poll-interval", relay.DefaultPollInterval, "look for work this often when nothing woke the relay")
@@ -208,7 +211,7 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 	}
 	defer st.Close()
 
-	rows, err := unsentTopics(ctx, st)
+	rows, err := unsentTopics(ctx, st, f.sentWatermark)
 	if err != nil {
 		// Only a start-up cross-check: publishing still holds and
 		// reports a missing destination.
@@ -310,11 +313,21 @@ const maxCheckedTopics = 1000
 // most maxCheckedTopics), for comparing with what the broker has. Rows
 // written later are not covered: a destination missing at publish time is
 // held and reported by the relay (ferry_relay_destination_missing).
-func unsentTopics(ctx context.Context, st *store) ([]string, error) {
+//
+// In the watermark design (--sent-watermark) sent rows stay 'pending': the
+// unsent ones are the 'retry' rows and each shard's pending rows above its
+// watermark (outboxstate), not every pending row of the table.
+func unsentTopics(ctx context.Context, st *store, watermark bool) ([]string, error) {
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	rows, err := st.Executor().Query(cctx, fmt.Sprintf(`SELECT DISTINCT topic FROM %s WHERE status = 'pending' ORDER BY topic LIMIT %d`,
-		st.tables.Name("outbox"), maxCheckedTopics))
+	outbox := st.tables.Name("outbox")
+	q := fmt.Sprintf(`SELECT DISTINCT topic FROM %s WHERE status = 'pending' ORDER BY topic LIMIT %d`, outbox, maxCheckedTopics)
+	if watermark {
+		q = fmt.Sprintf(`WITH RECURSIVE %s
+SELECT DISTINCT topic FROM (SELECT topic FROM %s WHERE status = 'retry' UNION ALL SELECT x.topic FROM %s) u ORDER BY topic LIMIT %d`,
+			outboxstate.ShardsWithPending(st.tables, "true"), outbox, outboxstate.AboveWatermark(st.tables, "x.topic"), maxCheckedTopics)
+	}
+	rows, err := st.Executor().Query(cctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("read the destinations of unsent rows: %w", err)
 	}
@@ -587,6 +600,9 @@ func pollOptions(f *relayFlags, tables ferry.Tables) []relay.Option {
 	if f.tenantShare != 0 {
 		opts = append(opts, relay.WithTenantShare(f.tenantShare))
 	}
+	if f.sentWatermark {
+		opts = append(opts, relay.WithSentWatermark())
+	}
 	return opts
 }
 
@@ -604,6 +620,7 @@ var relayOptionFlags = map[string]string{
 	"publish_rate":    "--publish-rate",
 	"publish_burst":   "--publish-burst",
 	"tenant_share":    "--tenant-share",
+	"sent_watermark":  "--sent-watermark",
 	"instance_id":     "--instance-id",
 	"listener":        "--notify-channel",
 	"tables.schema":   "--schema",

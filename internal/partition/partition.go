@@ -18,6 +18,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/outboxstate"
 )
 
 // Limits of the partition interval. Below a second the names (one per
@@ -297,8 +298,27 @@ func Drop(ctx context.Context, db DB, t ferry.Tables, p Part, g Guard, dryRun bo
 		if g.DiscardedBefore != nil {
 			discarded, args = "(status = 'dead' AND discarded_at IS NOT NULL AND discarded_at < $1)", []any{*g.DiscardedBefore}
 		}
+		unsentSQL := fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status <> 'sent' AND NOT %s)`, name, discarded)
+		var hasWM bool
+		if _, err := driver.QueryRow(ctx, tx, `SELECT to_regclass($1) IS NOT NULL`, []any{t.Name("relay_watermarks")}, &hasWM); err != nil {
+			return v, fmt.Errorf("partition: check %s: %w", p.Name, err)
+		}
+		if hasWM {
+			// The watermark design (relay.WithSentWatermark) leaves sent
+			// rows 'pending': a shard's pending rows are sent up to the
+			// highest watermark recorded before the cutoff (so also
+			// published before it). Per shard, the partition's highest
+			// pending id (outbox_claim_idx, read backwards) must be at or
+			// below that.
+			n := len(args) + 1
+			unsentSQL = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s WHERE status NOT IN ('sent', 'pending') AND NOT %[2]s)
+    OR EXISTS (SELECT 1 FROM generate_series(0, COALESCE((SELECT max(shard) FROM %[1]s WHERE status = 'pending'), -1)) AS s(shard)
+        WHERE (SELECT max(x.id) FROM %[1]s x WHERE x.status = 'pending' AND x.shard = s.shard) > %[3]s)`,
+				name, discarded, outboxstate.SentBefore(t, "s.shard", fmt.Sprintf("$%d", n)))
+			args = append(args, g.Cutoff)
+		}
 		var unsent bool
-		if _, err := driver.QueryRow(ctx, tx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status <> 'sent' AND NOT %s)`, name, discarded), args, &unsent); err != nil {
+		if _, err := driver.QueryRow(ctx, tx, unsentSQL, args, &unsent); err != nil {
 			return v, fmt.Errorf("partition: check %s: %w", p.Name, err)
 		}
 		if unsent {

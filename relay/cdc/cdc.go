@@ -231,6 +231,23 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 
+	// The polling relay's watermark design (relay.WithSentWatermark)
+	// leaves sent rows 'pending'; this relay's catch-up would publish
+	// every one of them again and never publish a 'retry' row.
+	var inUse bool
+	if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE sent_up_to > 0)`,
+		r.cfg.tables.Name("relay_leases"))).Scan(&inUse); err != nil && ctx.Err() == nil {
+		// Before migration 0012 there is no sent_up_to (42703), without
+		// the relay migration no lease table (42P01): nothing to check.
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || (pgErr.Code != "42703" && pgErr.Code != "42P01") {
+			return fmt.Errorf("cdc: check the relay state design: %w", err)
+		}
+	}
+	if inUse {
+		return fmt.Errorf("%w: the outbox is run by polling relays in the watermark design (relay_leases.sent_up_to > 0); the CDC relay reads row states from the status column only", ErrPublicationMismatch)
+	}
+
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
 	defer func() { stopBG(); wg.Wait() }()

@@ -212,6 +212,27 @@ func TestPublicationMismatchStops(t *testing.T) {
 	}
 }
 
+// An outbox run by polling relays in the watermark design
+// (relay.WithSentWatermark) leaves sent rows 'pending': the CDC relay,
+// which reads states from the status column, refuses it instead of
+// publishing every such row again.
+func TestWatermarkOutboxRefused(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	if _, err := h.s.Pool.Exec(ctx, `INSERT INTO ferry_relay_leases (shard, sent_up_to) VALUES (0, 10)`); err != nil {
+		t.Fatal(err)
+	}
+	r, err := cdc.New(h.s.URL, startKafka(t).publisher(), h.relayOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := r.Run(ctx); !errors.Is(err, cdc.ErrPublicationMismatch) || !strings.Contains(err.Error(), "watermark") {
+		t.Fatalf("Run = %v, want ErrPublicationMismatch naming the watermark design", err)
+	}
+}
+
 // A partitioned outbox (migrate.WithPartitionedOutbox) is published via
 // the partition root. Producers write for about 10 s into one-second
 // partitions, past the ones migrate made, so most rows land in partitions

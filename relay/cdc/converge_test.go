@@ -19,6 +19,8 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/driver/pgxv5"
+	"github.com/ferryhq/ferry/internal/partition"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/relay/cdc"
 )
@@ -187,6 +189,37 @@ func (kr killRun) run(t *testing.T) {
 	writers, pause := kr.writers, kr.pause
 	if writers == 0 {
 		writers, pause = 4, 3*time.Millisecond
+	}
+	if kr.partition > 0 {
+		// A backstop 3 intervals ahead, below the relays' DefaultAhead: a
+		// relay keeps partitions ahead only while it runs, and here the
+		// intervals are seconds while a killed child's successor may take
+		// seconds to start on a loaded machine (no deployment partitions by
+		// the second). It creates nothing while the relays keep up.
+		bctx, stopBackstop := context.WithCancel(ctx)
+		var backstop sync.WaitGroup
+		backstop.Add(1)
+		created := 0
+		go func() {
+			defer backstop.Done()
+			for bctx.Err() == nil {
+				names, err := partition.Ensure(bctx, pgxv5.New(h.s.Pool).Executor(), h.tables, time.Now(), 0, 3)
+				if err != nil && bctx.Err() == nil {
+					t.Errorf("partition backstop: %v", err)
+					return
+				}
+				created += len(names)
+				select {
+				case <-bctx.Done():
+				case <-time.After(kr.partition / 2):
+				}
+			}
+		}()
+		defer func() {
+			stopBackstop()
+			backstop.Wait()
+			t.Logf("the test's partition backstop created %d partitions", created)
+		}()
 	}
 	wait := h.producers(ctx, writers, pause, stop)
 	time.Sleep(300 * time.Millisecond) // rows before the slot exists: the first start catches them up

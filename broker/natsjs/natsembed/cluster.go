@@ -204,7 +204,24 @@ func PlanCluster(n int, name string, dial RouteDialer) (*ClusterPlan, error) {
 // in cluster name, in this process (PlanCluster's layout), and waits until
 // JetStream's meta group has a leader. dial may be nil (nodes dial each
 // other directly).
+//
+// The ports are found free and then bound by the nodes: another process
+// may take one in between (on a busy machine, as the local port of an
+// outgoing connection). Without a dialer a start that fails is retried
+// on fresh ports, up to three times; with one, the caller owns what the
+// dialer built and retries itself.
 func StartCluster(n int, name string, dial RouteDialer) (*Cluster, error) {
+	c, err := startCluster(n, name, dial)
+	for try := 1; err != nil && dial == nil && try < 3 && errors.Is(err, errNotReady); try++ {
+		c, err = startCluster(n, name, dial)
+	}
+	return c, err
+}
+
+// errNotReady marks a node that did not accept connections in time.
+var errNotReady = errors.New("not ready")
+
+func startCluster(n int, name string, dial RouteDialer) (*Cluster, error) {
 	p, err := PlanCluster(n, name, dial)
 	if err != nil {
 		return nil, err
@@ -228,7 +245,7 @@ func StartCluster(n int, name string, dial RouteDialer) (*Cluster, error) {
 	for i, s := range c.Nodes {
 		if !s.srv.ReadyForConnections(10 * time.Second) {
 			_ = c.Close()
-			return nil, fmt.Errorf("natsembed: node %d on port %d not ready within 10s", i, s.opts.Port)
+			return nil, fmt.Errorf("natsembed: node %d on port %d (route port %d): %w within 10s", i, s.opts.Port, s.opts.Cluster.Port, errNotReady)
 		}
 	}
 	if err := c.WaitReady(20 * time.Second); err != nil {
