@@ -224,6 +224,7 @@ func (kr killRun) run(t *testing.T) {
 	wait := h.producers(ctx, writers, pause, stop)
 	time.Sleep(300 * time.Millisecond) // rows before the slot exists: the first start catches them up
 	for i := range kr.kills {
+		before := h.confirmed(ctx)
 		cmd := h.startChild(t, k, kr.env...)
 		life := kr.life
 		if life == 0 {
@@ -232,6 +233,18 @@ func (kr killRun) run(t *testing.T) {
 		d := 200*time.Millisecond + time.Duration(rand.Int64N(int64(life)))
 		if i == 0 {
 			d = time.Duration(50+rand.IntN(200)) * time.Millisecond // mid catch-up
+		} else {
+			// The life counts from the child's first confirmation, not its
+			// start: under -race on a loaded machine a child can take longer
+			// to start than its life, and a child killed before it streamed
+			// injects no fault (CI once saw all five of the control's
+			// children die idle, so the broken relay never ran).
+			if before == 0 { // the slot's creation sets a position: not yet a confirmation
+				waitFor(t, time.Minute, fmt.Sprintf("relay child %d to create the slot", i),
+					func() bool { before = h.confirmed(ctx); return before != 0 })
+			}
+			waitFor(t, time.Minute, fmt.Sprintf("relay child %d to confirm a position", i),
+				func() bool { return h.confirmed(ctx) != before })
 		}
 		time.Sleep(d)
 		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
