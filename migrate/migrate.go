@@ -256,7 +256,7 @@ func ensurePartitions(ctx context.Context, tx driver.Tx, tables ferry.Tables, o 
 	if tx.Dialect() != driver.Postgres {
 		return nil
 	}
-	parted, err := partition.IsPartitioned(ctx, tx, tables)
+	parted, err := partition.IsPartitioned(ctx, tx, tables, partition.Outbox)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
@@ -267,7 +267,7 @@ func ensurePartitions(ctx context.Context, tx driver.Tx, tables ferry.Tables, o 
 		}
 		return nil
 	}
-	parts, err := partition.List(ctx, tx, tables)
+	parts, err := partition.List(ctx, tx, tables, partition.Outbox)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
@@ -275,7 +275,7 @@ func ensurePartitions(ctx context.Context, tx driver.Tx, tables ferry.Tables, o 
 		return &ferry.ConfigError{Field: "partitioned_outbox",
 			Reason: fmt.Sprintf("the outbox is partitioned by %s, not %s; the interval is fixed when the outbox is created", w, o.partitionInterval)}
 	}
-	if _, err := partition.Ensure(ctx, tx, tables, time.Now(), o.partitionInterval, partition.DefaultAhead); err != nil {
+	if _, err := partition.Ensure(ctx, tx, tables, partition.Outbox, time.Now(), o.partitionInterval, partition.DefaultAhead); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	return nil

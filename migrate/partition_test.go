@@ -29,11 +29,11 @@ func TestPartitionedOutbox(t *testing.T) {
 	if _, err := migrate.Up(ctx, db, tables, migrate.WithPartitionedOutbox(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	ok, err := partition.IsPartitioned(ctx, db.Executor(), tables)
+	ok, err := partition.IsPartitioned(ctx, db.Executor(), tables, partition.Outbox)
 	if err != nil || !ok {
 		t.Fatalf("partitioned = %v, %v", ok, err)
 	}
-	parts, err := partition.List(ctx, db.Executor(), tables)
+	parts, err := partition.List(ctx, db.Executor(), tables, partition.Outbox)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestPartitionedOutbox(t *testing.T) {
 		t.Fatalf("partitions %+v do not cover now .. now+%dh", parts, partition.DefaultAhead)
 	}
 	for i, p := range parts {
-		if p.To.Sub(p.From) != time.Hour || (i > 0 && !p.From.Equal(parts[i-1].To)) || p.Name != partition.Name(tables, p.From) {
+		if p.To.Sub(p.From) != time.Hour || (i > 0 && !p.From.Equal(parts[i-1].To)) || p.Name != partition.Name(tables, partition.Outbox, p.From) {
 			t.Fatalf("partition %d %+v is not contiguous, an hour wide and named by its start", i, p)
 		}
 	}
@@ -50,10 +50,10 @@ func TestPartitionedOutbox(t *testing.T) {
 	if _, err := s.Pool.Exec(ctx, `CREATE TABLE ferry_outbox_default PARTITION OF ferry_outbox DEFAULT`); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := partition.List(ctx, db.Executor(), tables); err != nil || len(again) != len(parts) {
+	if again, err := partition.List(ctx, db.Executor(), tables, partition.Outbox); err != nil || len(again) != len(parts) {
 		t.Fatalf("with a default partition: %d partitions (%v), want %d", len(again), err, len(parts))
 	}
-	if _, err := partition.Ensure(ctx, db.Executor(), tables, now.Add(3*time.Hour), 0, partition.DefaultAhead); err != nil {
+	if _, err := partition.Ensure(ctx, db.Executor(), tables, partition.Outbox, now.Add(3*time.Hour), 0, partition.DefaultAhead); err != nil {
 		t.Fatalf("Ensure with a default partition: %v", err)
 	}
 	// A second Up (nothing to apply) with or without the option is fine.
@@ -103,7 +103,7 @@ func TestEnsureConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := partition.Ensure(ctx, db.Executor(), tables, later, 0, partition.DefaultAhead)
+			_, err := partition.Ensure(ctx, db.Executor(), tables, partition.Outbox, later, 0, partition.DefaultAhead)
 			errs <- err
 		}()
 	}
@@ -114,7 +114,7 @@ func TestEnsureConcurrent(t *testing.T) {
 			t.Fatalf("concurrent Ensure: %v", err)
 		}
 	}
-	parts, err := partition.List(ctx, db.Executor(), tables)
+	parts, err := partition.List(ctx, db.Executor(), tables, partition.Outbox)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -278,7 +278,7 @@ func (o *Ops) cleanup(ctx context.Context, opts CleanupOptions, a Approval, audi
 		res.ArchiveLocation = opts.Archive.Location()
 	}
 	now := o.now()
-	parted, err := partition.IsPartitioned(ctx, o.db.Executor(), o.cfg.tables)
+	parted, err := partition.IsPartitioned(ctx, o.db.Executor(), o.cfg.tables, partition.Outbox)
 	if err != nil {
 		return res, fmt.Errorf("ops: cleanup: %w", err)
 	}
@@ -470,16 +470,16 @@ func (o *Ops) dropPartitions(ctx context.Context, opts CleanupOptions, now time.
 	if !dryRun {
 		// Partitions an earlier run detached but could not drop; first, so
 		// that Ensure cannot mistake one for a partition that exists.
-		if _, err := partition.DropDetached(ctx, o.db.Executor(), o.cfg.tables); err != nil {
+		if _, err := partition.DropDetached(ctx, o.db.Executor(), o.cfg.tables, partition.Outbox); err != nil {
 			return fmt.Errorf("ops: cleanup: %w", err)
 		}
-		created, err := partition.Ensure(ctx, o.db.Executor(), o.cfg.tables, now, 0, partition.DefaultAhead)
+		created, err := partition.Ensure(ctx, o.db.Executor(), o.cfg.tables, partition.Outbox, now, 0, partition.DefaultAhead)
 		if err != nil {
 			return fmt.Errorf("ops: cleanup: %w", err)
 		}
 		res.PartitionsCreated = append(res.PartitionsCreated, created...)
 	}
-	parts, err := partition.List(ctx, o.db.Executor(), o.cfg.tables)
+	parts, err := partition.List(ctx, o.db.Executor(), o.cfg.tables, partition.Outbox)
 	if err != nil {
 		return fmt.Errorf("ops: cleanup: %w", err)
 	}
@@ -494,7 +494,7 @@ func (o *Ops) dropPartitions(ctx context.Context, opts CleanupOptions, now time.
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		v, err := partition.Drop(ctx, o.db, o.cfg.tables, p, g, dryRun)
+		v, err := partition.Drop(ctx, o.db, o.cfg.tables, partition.Outbox, p, g, dryRun)
 		if err != nil {
 			// A lock not granted in time (a long transaction on the outbox)
 			// leaves the partition for the next run; anything else stops.

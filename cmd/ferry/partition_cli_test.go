@@ -32,14 +32,14 @@ func TestPartitionedOutboxCLI(t *testing.T) {
 		t.Fatalf("sqlite: %v\n%s", err, out)
 	}
 	day := time.Now().UTC().Truncate(24 * time.Hour).Add(-8 * 24 * time.Hour)
-	if _, err := partition.Create(ctx, pgxv5.New(s.Pool).Executor(), ferry.Tables{}, day, 24*time.Hour); err != nil {
+	if _, err := partition.Create(ctx, pgxv5.New(s.Pool).Executor(), ferry.Tables{}, partition.Outbox, day, 24*time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if err := statebench.Prefill(ctx, s.Pool, ferry.Tables{}, statebench.Fill{Topic: "cli.order", Marked: 50, Aggregates: 5,
 		PayloadBytes: 10, MarkedStatus: true, At: day.Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	name := partition.Name(ferry.Tables{}, day)
+	name := partition.Name(ferry.Tables{}, partition.Outbox, day)
 	out, err := runCLI(t, "cleanup", "--database-url", s.URL, "--older-than", "168h")
 	if err != nil || !strings.Contains(out, "outbox partition "+name) || !strings.Contains(out, "would drop") {
 		t.Fatalf("dry run: %v\n%s", err, out)
