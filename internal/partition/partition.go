@@ -26,6 +26,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/internal/outboxstate"
@@ -593,4 +595,21 @@ SELECT EXISTS (SELECT 1 FROM c WHERE c.consumer IS NOT NULL
 		return "holds a claim applied inside the retention (an old event delivered or replayed recently: its dedup row stays)", nil
 	}
 	return "", nil
+}
+
+// UUIDv7At is a random UUIDv7 whose time is at's millisecond: an event id
+// as a producer with that clock makes it. Tests and benchmarks use it to
+// put claims into a chosen inbox partition; Ferry's writers use
+// uuid.NewV7.
+func UUIDv7At(at time.Time) (uuid.UUID, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return id, fmt.Errorf("partition: %w", err)
+	}
+	ms := max(at.UnixMilli(), 0)
+	for i := 5; i >= 0; i-- {
+		id[i] = byte(ms)
+		ms >>= 8
+	}
+	return id, nil
 }
