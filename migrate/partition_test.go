@@ -3,10 +3,14 @@ package migrate_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
@@ -125,5 +129,152 @@ func TestEnsureConcurrent(t *testing.T) {
 	}
 	if last := parts[len(parts)-1]; last.To.Before(later.Add(partition.DefaultAhead * time.Second)) {
 		t.Fatalf("last partition %+v ends before %s", last, later.Add(partition.DefaultAhead*time.Second))
+	}
+}
+
+// TestPartitionedInbox: WithPartitionedInbox creates the inbox partitioned
+// by event_id, with the current range, DefaultAhead more, and the default
+// partition; every index of the inbox (the primary key, the cleanup index,
+// the event id index) exists on every partition; the bounds are the
+// UUIDv7 prefixes of the range's times. Refused, naming the option, on a
+// plain inbox, with another interval, on SQLite and MySQL, below a second.
+// An inbox range whose rows already sit in the default partition is
+// skipped (ErrDefaultHoldsRange), not a failed migration.
+func TestPartitionedInbox(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.NewPostgresSchema(t)
+	db := pgxv5.New(s.Pool)
+	tables := ferry.Tables{}
+	if _, err := migrate.Up(ctx, db, tables, migrate.WithPartitionedInbox(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := partition.IsPartitioned(ctx, db.Executor(), tables, partition.Inbox); err != nil || !ok {
+		t.Fatalf("inbox partitioned = %v, %v", ok, err)
+	}
+	if ok, err := partition.IsPartitioned(ctx, db.Executor(), tables, partition.Outbox); err != nil || ok {
+		t.Fatalf("the outbox was not asked to be partitioned: %v, %v", ok, err)
+	}
+	parts, err := partition.List(ctx, db.Executor(), tables, partition.Inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	if len(parts) < partition.DefaultAhead+1 || parts[0].From.After(now) || parts[len(parts)-1].To.Before(now.Add(partition.DefaultAhead*time.Hour)) {
+		t.Fatalf("partitions %+v do not cover now .. now+%dh", parts, partition.DefaultAhead)
+	}
+	for i, p := range parts {
+		if p.To.Sub(p.From) != time.Hour || (i > 0 && !p.From.Equal(parts[i-1].To)) || p.Name != partition.Name(tables, partition.Inbox, p.From) {
+			t.Fatalf("partition %d %+v is not contiguous, an hour wide and named by its start", i, p)
+		}
+	}
+	var bound string
+	if err := s.Pool.QueryRow(ctx, `SELECT pg_get_expr(relpartbound, oid) FROM pg_class WHERE relname = $1`, parts[0].Name).Scan(&bound); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("FOR VALUES FROM ('%s') TO ('%s')", partition.UUIDv7Prefix(parts[0].From), partition.UUIDv7Prefix(parts[0].To)); bound != want {
+		t.Fatalf("bound %q, want %q", bound, want)
+	}
+	var def string
+	if err := s.Pool.QueryRow(ctx, `SELECT pg_get_expr(relpartbound, oid) FROM pg_class WHERE relname = 'ferry_inbox_default'`).Scan(&def); err != nil || def != "DEFAULT" {
+		t.Fatalf("default partition: %q, %v", def, err)
+	}
+	// Every partition carries the inbox's three indexes.
+	var missing int
+	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'ferry_inbox'::regclass AND (SELECT count(*) FROM pg_index x WHERE x.indrelid = c.oid) <> 3`).Scan(&missing); err != nil || missing != 0 {
+		t.Fatalf("%d partitions without the inbox's 3 indexes (%v)", missing, err)
+	}
+	// A claim whose id's time is in a range lands there; ids outside go to the default.
+	inRange, err := partition.UUIDv7At(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uuid.UUID{inRange, uuid.New()} {
+		if _, err := s.Pool.Exec(ctx, `INSERT INTO ferry_inbox (consumer, tenant_id, event_id, fingerprint, aggregate_type, aggregate_id, aggregate_seq, event_type, applied_at)
+VALUES ('c', 't', $1, '\x00', 'a', '1', 1, 'e', now())`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var where string
+	if err := s.Pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM ferry_inbox WHERE event_id = $1`, inRange).Scan(&where); err != nil || where != partition.Name(tables, partition.Inbox, now.Truncate(time.Hour)) {
+		t.Fatalf("claim of now in %q (%v)", where, err)
+	}
+
+	// A row in the default whose id falls in a range not made yet blocks
+	// that range only: Up skips it and makes the others.
+	later := parts[len(parts)-1].To.Add(2 * time.Hour)
+	ahead, err := partition.UUIDv7At(later.Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pool.Exec(ctx, `INSERT INTO ferry_inbox (consumer, tenant_id, event_id, fingerprint, aggregate_type, aggregate_id, aggregate_seq, event_type, applied_at)
+VALUES ('c', 't', $1, '\x00', 'a', '2', 1, 'e', now())`, ahead); err != nil {
+		t.Fatal(err)
+	}
+	created, err := partition.Ensure(ctx, db.Executor(), tables, partition.Inbox, later, 0, 2)
+	var dre *partition.DefaultRowsError
+	if !errors.Is(err, partition.ErrDefaultHoldsRange) || !errors.As(err, &dre) || len(dre.Parts) != 1 || !dre.Parts[0].From.Equal(later) {
+		t.Fatalf("Ensure over a range the default holds: created %v, %v", created, err)
+	}
+	if len(created) == 0 || slices.Contains(created, partition.Name(tables, partition.Inbox, later)) {
+		t.Fatalf("created %v: want the ranges around %s, not it", created, later)
+	}
+	t.Logf("blocked range reported: %v", err)
+	if _, err := migrate.Up(ctx, db, tables, migrate.WithPartitionedInbox(time.Hour)); err != nil {
+		t.Fatalf("Up with a blocked range: %v", err)
+	}
+
+	var ce *ferry.ConfigError
+	if _, err := migrate.Up(ctx, db, tables, migrate.WithPartitionedInbox(24*time.Hour)); !errors.As(err, &ce) || ce.Field != "partitioned_inbox" || !strings.Contains(ce.Reason, "partitioned by 1h0m0s") {
+		t.Fatalf("another interval: %v", err)
+	}
+	// A plain inbox is not converted by Up.
+	plain := pgxv5.New(testenv.NewPostgresSchema(t).Pool)
+	if _, err := migrate.Up(ctx, plain, tables); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate.Up(ctx, plain, tables, migrate.WithPartitionedInbox(time.Hour)); !errors.As(err, &ce) || ce.Field != "partitioned_inbox" || !strings.Contains(ce.Reason, "plain table") {
+		t.Fatalf("plain inbox: %v", err)
+	}
+	for _, d := range []driver.Dialect{driver.SQLite, driver.MySQL} {
+		if _, err := migrate.Load(d, tables, migrate.WithPartitionedInbox(time.Hour)); !errors.As(err, &ce) || ce.Field != "partitioned_inbox" {
+			t.Errorf("%s: %v", d, err)
+		}
+	}
+	if _, err := migrate.Load(driver.Postgres, tables, migrate.WithPartitionedInbox(time.Millisecond)); !errors.As(err, &ce) || ce.Field != "partitioned_inbox" {
+		t.Errorf("1ms: %v", err)
+	}
+	// Both tables partitioned at once.
+	both := pgxv5.New(testenv.NewPostgresSchema(t).Pool)
+	if _, err := migrate.Up(ctx, both, tables, migrate.WithPartitionedOutbox(24*time.Hour), migrate.WithPartitionedInbox(24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range []partition.Table{partition.Outbox, partition.Inbox} {
+		if ok, err := partition.IsPartitioned(ctx, both.Executor(), tables, tb); err != nil || !ok {
+			t.Fatalf("%s partitioned = %v, %v", tb, ok, err)
+		}
+	}
+}
+
+// TestInboxSQLPartitioned: migrate.SQL with WithPartitionedInbox prints the
+// partitioned inbox, its default partition and its event id index; without
+// it, the plain inbox.
+func TestInboxSQLPartitioned(t *testing.T) {
+	ddl, err := migrate.SQL(driver.Postgres, ferry.Tables{}, migrate.WithPartitionedInbox(24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`) PARTITION BY RANGE (event_id);`, `CREATE TABLE "ferry_inbox_default" PARTITION OF "ferry_inbox" DEFAULT;`,
+		`CREATE INDEX "ferry_inbox_event_idx" ON "ferry_inbox" (event_id);`, `PRIMARY KEY (consumer, tenant_id, event_id)`} {
+		if !strings.Contains(ddl, want) {
+			t.Errorf("partitioned DDL lacks %q", want)
+		}
+	}
+	plain, err := migrate.SQL(driver.Postgres, ferry.Tables{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(plain, "PARTITION BY RANGE (event_id)") || strings.Contains(plain, "inbox_default") || strings.Contains(plain, "inbox_event_idx") {
+		t.Error("plain DDL partitions the inbox")
 	}
 }
