@@ -37,19 +37,8 @@ func TestPartitionedOutbox(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("partitioned = %v, %v", ok, err)
 	}
-	parts, err := partition.List(ctx, db.Executor(), tables, partition.Outbox)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now().UTC()
-	if len(parts) < partition.DefaultAhead+1 || parts[0].From.After(now) || parts[len(parts)-1].To.Before(now.Add(partition.DefaultAhead*time.Hour)) {
-		t.Fatalf("partitions %+v do not cover now .. now+%dh", parts, partition.DefaultAhead)
-	}
-	for i, p := range parts {
-		if p.To.Sub(p.From) != time.Hour || (i > 0 && !p.From.Equal(parts[i-1].To)) || p.Name != partition.Name(tables, partition.Outbox, p.From) {
-			t.Fatalf("partition %d %+v is not contiguous, an hour wide and named by its start", i, p)
-		}
-	}
+	parts := hourlyAhead(t, db.Executor(), tables, partition.Outbox, now)
 	// A DEFAULT partition a user adds is neither listed nor in the way.
 	if _, err := s.Pool.Exec(ctx, `CREATE TABLE ferry_outbox_default PARTITION OF ferry_outbox DEFAULT`); err != nil {
 		t.Fatal(err)
@@ -88,6 +77,25 @@ func TestPartitionedOutbox(t *testing.T) {
 	if _, err := migrate.Load(driver.Postgres, tables, migrate.WithPartitionedOutbox(time.Millisecond)); !errors.As(err, &ce) || ce.Field != "partitioned_outbox" {
 		t.Errorf("1ms: %v", err)
 	}
+}
+
+// hourlyAhead lists tb's partitions and checks they are contiguous, an
+// hour wide, named by their start and cover now .. now+DefaultAhead hours.
+func hourlyAhead(t *testing.T, exec driver.Executor, tables ferry.Tables, tb partition.Table, now time.Time) []partition.Part {
+	t.Helper()
+	parts, err := partition.List(context.Background(), exec, tables, tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parts) < partition.DefaultAhead+1 || parts[0].From.After(now) || parts[len(parts)-1].To.Before(now.Add(partition.DefaultAhead*time.Hour)) {
+		t.Fatalf("%s partitions %+v do not cover now .. now+%dh", tb, parts, partition.DefaultAhead)
+	}
+	for i, p := range parts {
+		if p.To.Sub(p.From) != time.Hour || (i > 0 && !p.From.Equal(parts[i-1].To)) || p.Name != partition.Name(tables, tb, p.From) {
+			t.Fatalf("%s partition %d %+v is not contiguous, an hour wide and named by its start", tb, i, p)
+		}
+	}
+	return parts
 }
 
 // TestEnsureConcurrent: relays and cleanup create partitions at the same
@@ -154,19 +162,8 @@ func TestPartitionedInbox(t *testing.T) {
 	if ok, err := partition.IsPartitioned(ctx, db.Executor(), tables, partition.Outbox); err != nil || ok {
 		t.Fatalf("the outbox was not asked to be partitioned: %v, %v", ok, err)
 	}
-	parts, err := partition.List(ctx, db.Executor(), tables, partition.Inbox)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now().UTC()
-	if len(parts) < partition.DefaultAhead+1 || parts[0].From.After(now) || parts[len(parts)-1].To.Before(now.Add(partition.DefaultAhead*time.Hour)) {
-		t.Fatalf("partitions %+v do not cover now .. now+%dh", parts, partition.DefaultAhead)
-	}
-	for i, p := range parts {
-		if p.To.Sub(p.From) != time.Hour || (i > 0 && !p.From.Equal(parts[i-1].To)) || p.Name != partition.Name(tables, partition.Inbox, p.From) {
-			t.Fatalf("partition %d %+v is not contiguous, an hour wide and named by its start", i, p)
-		}
-	}
+	parts := hourlyAhead(t, db.Executor(), tables, partition.Inbox, now)
 	var bound string
 	if err := s.Pool.QueryRow(ctx, `SELECT pg_get_expr(relpartbound, oid) FROM pg_class WHERE relname = $1`, parts[0].Name).Scan(&bound); err != nil {
 		t.Fatal(err)

@@ -12,12 +12,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
-	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/inbox"
 	"github.com/ferryhq/ferry/internal/partition"
@@ -51,28 +49,7 @@ func newInboxStack(t *testing.T) *inboxStack {
 	if _, err := pg.Pool.Exec(ctx, `CREATE TABLE applications (event_id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
-	if err != nil {
-		t.Fatalf("embedded nats: %v", err)
-	}
-	t.Cleanup(func() { _ = emb.Close() })
-	nc, err := natsjs.Connect(emb.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := natsjs.EnsureStream(ctx, js, natsjs.StreamConfig{Name: "INBOXPART", Subjects: []string{"order.events"}, DuplicateWindow: dupWindow}); err != nil {
-		t.Fatal(err)
-	}
-	pub, err := natsjs.NewPublisher(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pub.Close() })
+	nc, pub := jetStream(t, "INBOXPART", dupWindow)
 	s := &inboxStack{pg: pg, drv: drv, pub: pub, offset: new(atomic.Int64)}
 	handler := func(ctx context.Context, tx pgx.Tx, ev ferry.Event) error {
 		_, err := tx.Exec(ctx, `INSERT INTO applications (event_id) VALUES ($1)`, ev.ID.String())
@@ -81,6 +58,7 @@ func newInboxStack(t *testing.T) *inboxStack {
 	// Unordered: the per-aggregate cursor would also stop a redelivered
 	// sequence 1 (as stale); without it the dedup row is the only thing
 	// between a redelivery and a second effect, which is what is tested.
+	var err error
 	s.ib, err = inbox.New(drv, "shipping", handler, inbox.WithoutOrdering(), inbox.WithRegisterer(prometheus.NewRegistry()),
 		inbox.WithLogger(slog.New(slog.DiscardHandler)),
 		inbox.WithClock(func() time.Time { return time.Now().Add(time.Duration(s.offset.Load())) }))
