@@ -77,7 +77,11 @@ func TestPartitionedInboxDedup(t *testing.T) {
 }
 
 // TestPartitionedInboxKeeper: Run creates a partitioned inbox's ranges
-// ahead (the keeper), and does nothing of the kind on a plain inbox.
+// ahead (the keeper), and does nothing of the kind on a plain inbox. A
+// range whose rows already sit in the default partition (a claim of an id
+// from a clock 12 s ahead, made before its range existed) is skipped and
+// the ranges after it are made; that event's redelivery is still absorbed
+// in the default partition.
 func TestPartitionedInboxKeeper(t *testing.T) {
 	ctx := context.Background()
 	s := newNATSStackMigrated(t, "", []migrate.Option{migrate.WithPartitionedInbox(time.Second)})
@@ -86,12 +90,40 @@ func TestPartitionedInboxKeeper(t *testing.T) {
 	if err != nil || len(before) < partition.DefaultAhead+1 {
 		t.Fatalf("after migrate: %d partitions, %v", len(before), err)
 	}
-	ib := s.inbox(t, WithPartitionMaintenance(100*time.Millisecond))
 	last := before[len(before)-1].To
+	ahead := event(t, "acme", "ahead", 1, `{"n":1}`)
+	blocked := last.Add(3 * time.Second)
+	if ahead.ID, err = partition.UUIDv7At(blocked.Add(500 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	s.publish(t, ahead)
+	ib := s.inbox(t, WithPartitionMaintenance(100*time.Millisecond))
 	s.runUntil(t, ib, func() bool {
 		parts, err := partition.List(ctx, exec, ferry.Tables{}, partition.Inbox)
-		return err == nil && parts[len(parts)-1].To.After(last.Add(2*time.Second))
+		return err == nil && ib.Stats().Applied == 1 && parts[len(parts)-1].To.After(blocked.Add(2*time.Second))
 	})
+	if got := s.partitionOf(t, ahead.ID); got != "ferry_inbox_default" {
+		t.Fatalf("the early claim is in %s", got)
+	}
+	parts, err := partition.List(ctx, exec, ferry.Tables{}, partition.Inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parts {
+		if p.From.Equal(blocked) {
+			t.Fatalf("range %s was created over a row of the default partition", p.Name)
+		}
+	}
+	// A redelivery of that event, through the inbox's core, is absorbed
+	// by its claim in the default partition.
+	again := s.inbox(t)
+	rec := &settled{}
+	if err := again.process(ctx, []*message{newMessage(delivery(ahead, 1, rec))}); err != nil {
+		t.Fatal(err)
+	}
+	if st := again.Stats(); st.Duplicates != 1 || len(s.effectSeqs(t, ahead.ID.String())) != 1 {
+		t.Fatalf("redelivery of the early event: %+v, effects %v", st, s.effectSeqs(t, ahead.ID.String()))
+	}
 
 	plain := newNATSStack(t, "")
 	pib := plain.inbox(t)

@@ -43,6 +43,15 @@ and --min-inbox-replay-horizon — because deleting a dedup row while its event
 can still be redelivered or replayed applies that event twice. Inbox
 retention must also be at least the outbox retention.
 
+On Postgres, a partitioned outbox or inbox ('ferry migrate up
+--partition-outbox / --partition-inbox') first has its partitions created
+ahead, then each partition that ended before its retention detached and
+dropped if its guard holds, checked with the partition locked: in the
+outbox every row sent and published before the cutoff, in the inbox every
+claim applied before it. A kept partition is printed with the reason; the
+inbox's default partition is never dropped. The row-by-row deletes then run
+for what remains (docs/PARTITIONING.md).
+
 With --archive URL every batch is first written to that blob store (gzip
 NDJSON plus a manifest with row count, id range and sha256; see
 docs/ARCHIVE.md) and read back; a batch whose archive is not confirmed is

@@ -242,8 +242,9 @@ func Interval(parts []Part) (time.Duration, bool) {
 // An inbox range whose rows are already in the default partition cannot
 // be created (ErrDefaultHoldsRange): Ensure skips it, creates the ranges
 // after it, and returns a *DefaultRowsError naming what it skipped along
-// with what it created. The skipped range is not tried again (it lies
-// before the newest partition): its claims live in the default partition.
+// with what it created. Once a later range exists the skipped one lies
+// before the newest partition and is not tried again: its claims live in
+// the default partition.
 func Ensure(ctx context.Context, exec driver.Executor, t ferry.Tables, tb Table, now time.Time, interval time.Duration, ahead int) ([]string, error) {
 	if exec.Dialect() != driver.Postgres {
 		return nil, nil
