@@ -463,8 +463,16 @@ func Drop(ctx context.Context, db DB, t ferry.Tables, tb Table, p Part, g Guard,
 		return v, fmt.Errorf("partition: %s: %w", p.Name, err)
 	}
 	v.RowsEstimate = max(0, int64(est))
-	if !g.Unguarded && tb == Inbox {
-		kept, err := inboxGuard(ctx, tx, name, g.Cutoff)
+	if !g.Unguarded {
+		var kept string
+		switch tb {
+		case Outbox:
+			kept, err = outboxGuard(ctx, tx, t, name, g)
+		case Inbox:
+			kept, err = inboxGuard(ctx, tx, name, g.Cutoff)
+		default:
+			err = fmt.Errorf("no guard for table %q", tb)
+		}
 		if err != nil {
 			return v, fmt.Errorf("partition: check %s: %w", p.Name, err)
 		}
@@ -473,57 +481,14 @@ func Drop(ctx context.Context, db DB, t ferry.Tables, tb Table, p Part, g Guard,
 			return v, nil
 		}
 	}
-	if !g.Unguarded && tb == Outbox {
-		// Both checks read partial indexes of the partition
-		// (outbox_unsent_id_idx, outbox_sent_idx), not its rows.
-		discarded, args := "false", []any{}
-		if g.DiscardedBefore != nil {
-			discarded, args = "(status = 'dead' AND discarded_at IS NOT NULL AND discarded_at < $1)", []any{*g.DiscardedBefore}
-		}
-		unsentSQL := fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status <> 'sent' AND NOT %s)`, name, discarded)
-		var hasWM bool
-		if _, err := driver.QueryRow(ctx, tx, `SELECT to_regclass($1) IS NOT NULL`, []any{t.Name("relay_watermarks")}, &hasWM); err != nil {
-			return v, fmt.Errorf("partition: check %s: %w", p.Name, err)
-		}
-		if hasWM {
-			// The watermark design (relay.WithSentWatermark) leaves sent
-			// rows 'pending': a shard's pending rows are sent up to the
-			// highest watermark recorded before the cutoff (so also
-			// published before it). Per shard, the partition's highest
-			// pending id (outbox_claim_idx, read backwards) must be at or
-			// below that.
-			n := len(args) + 1
-			unsentSQL = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s WHERE status NOT IN ('sent', 'pending') AND NOT %[2]s)
-    OR EXISTS (SELECT 1 FROM generate_series(0, COALESCE((SELECT max(shard) FROM %[1]s WHERE status = 'pending'), -1)) AS s(shard)
-        WHERE (SELECT max(x.id) FROM %[1]s x WHERE x.status = 'pending' AND x.shard = s.shard) > %[3]s)`,
-				name, discarded, outboxstate.SentBefore(t, "s.shard", fmt.Sprintf("$%d", n)))
-			args = append(args, g.Cutoff)
-		}
-		var unsent bool
-		if _, err := driver.QueryRow(ctx, tx, unsentSQL, args, &unsent); err != nil {
-			return v, fmt.Errorf("partition: check %s: %w", p.Name, err)
-		}
-		if unsent {
-			v.Kept = "holds a row that is not sent (pending, or a dead letter not discarded)"
-			return v, nil
-		}
-		var late bool
-		if _, err := driver.QueryRow(ctx, tx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status = 'sent' AND published_at >= $1)`, name), []any{g.Cutoff}, &late); err != nil {
-			return v, fmt.Errorf("partition: check %s: %w", p.Name, err)
-		}
-		if late {
-			v.Kept = "holds a row published inside the retention"
-			return v, nil
-		}
-	}
 	if dryRun {
 		v.Dropped = true // would be
 		return v, nil
 	}
-	// The detach commits on its own so the outbox's exclusive lock lasts
+	// The detach commits on its own so the table's exclusive lock lasts
 	// only as long as the catalog change; dropping the detached table
 	// (unlinking its files, which takes a while for a large one) then
-	// locks nothing producers or the relay use. A detached partition
+	// locks nothing producers, the relay or consumers use. A detached partition
 	// whose drop did not happen is dropped by the next DropDetached.
 	t0 := time.Now()
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s`, t.Name(string(tb)), name)); err != nil {
@@ -572,6 +537,52 @@ WHERE s.nspname = %s AND c.relkind = 'r' AND c.relname ~ $1
 		}
 	}
 	return names, nil
+}
+
+// outboxGuard says why an outbox partition must stay ("" when it may go):
+// a row that is not sent (pending, or a dead letter not discarded before
+// g.DiscardedBefore), or one published at or after g.Cutoff.
+func outboxGuard(ctx context.Context, tx driver.Tx, t ferry.Tables, name string, g Guard) (string, error) {
+	// Both checks read partial indexes of the partition
+	// (outbox_unsent_id_idx, outbox_sent_idx), not its rows.
+	discarded, args := "false", []any{}
+	if g.DiscardedBefore != nil {
+		discarded, args = "(status = 'dead' AND discarded_at IS NOT NULL AND discarded_at < $1)", []any{*g.DiscardedBefore}
+	}
+	unsentSQL := fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status <> 'sent' AND NOT %s)`, name, discarded)
+	var hasWM bool
+	if _, err := driver.QueryRow(ctx, tx, `SELECT to_regclass($1) IS NOT NULL`, []any{t.Name("relay_watermarks")}, &hasWM); err != nil {
+		return "", err
+	}
+	if hasWM {
+		// The watermark design (relay.WithSentWatermark) leaves sent
+		// rows 'pending': a shard's pending rows are sent up to the
+		// highest watermark recorded before the cutoff (so also
+		// published before it). Per shard, the partition's highest
+		// pending id (outbox_claim_idx, read backwards) must be at or
+		// below that.
+		n := len(args) + 1
+		unsentSQL = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s WHERE status NOT IN ('sent', 'pending') AND NOT %[2]s)
+    OR EXISTS (SELECT 1 FROM generate_series(0, COALESCE((SELECT max(shard) FROM %[1]s WHERE status = 'pending'), -1)) AS s(shard)
+        WHERE (SELECT max(x.id) FROM %[1]s x WHERE x.status = 'pending' AND x.shard = s.shard) > %[3]s)`,
+			name, discarded, outboxstate.SentBefore(t, "s.shard", fmt.Sprintf("$%d", n)))
+		args = append(args, g.Cutoff)
+	}
+	var unsent bool
+	if _, err := driver.QueryRow(ctx, tx, unsentSQL, args, &unsent); err != nil {
+		return "", err
+	}
+	if unsent {
+		return "holds a row that is not sent (pending, or a dead letter not discarded)", nil
+	}
+	var late bool
+	if _, err := driver.QueryRow(ctx, tx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status = 'sent' AND published_at >= $1)`, name), []any{g.Cutoff}, &late); err != nil {
+		return "", err
+	}
+	if late {
+		return "holds a row published inside the retention", nil
+	}
+	return "", nil
 }
 
 // inboxGuard says why an inbox partition must stay ("" when it may go):
