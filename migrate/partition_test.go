@@ -101,11 +101,21 @@ func hourlyAhead(t *testing.T, exec driver.Executor, tables ferry.Tables, tb par
 // TestEnsureConcurrent: relays and cleanup create partitions at the same
 // time; none fails and every partition exists once.
 func TestEnsureConcurrent(t *testing.T) {
+	for _, tb := range []partition.Table{partition.Outbox, partition.Inbox} {
+		t.Run(string(tb), func(t *testing.T) { ensureConcurrent(t, tb) })
+	}
+}
+
+func ensureConcurrent(t *testing.T, tb partition.Table) {
 	ctx := context.Background()
 	s := testenv.NewPostgresSchema(t)
 	db := pgxv5.New(s.Pool)
 	tables := ferry.Tables{}
-	if _, err := migrate.Up(ctx, db, tables, migrate.WithPartitionedOutbox(time.Second)); err != nil {
+	opt := migrate.WithPartitionedOutbox(time.Second)
+	if tb == partition.Inbox {
+		opt = migrate.WithPartitionedInbox(time.Second)
+	}
+	if _, err := migrate.Up(ctx, db, tables, opt); err != nil {
 		t.Fatal(err)
 	}
 	later := time.Now().Add(time.Minute)
@@ -115,7 +125,7 @@ func TestEnsureConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := partition.Ensure(ctx, db.Executor(), tables, partition.Outbox, later, 0, partition.DefaultAhead)
+			_, err := partition.Ensure(ctx, db.Executor(), tables, tb, later, 0, partition.DefaultAhead)
 			errs <- err
 		}()
 	}
@@ -126,7 +136,7 @@ func TestEnsureConcurrent(t *testing.T) {
 			t.Fatalf("concurrent Ensure: %v", err)
 		}
 	}
-	parts, err := partition.List(ctx, db.Executor(), tables, partition.Outbox)
+	parts, err := partition.List(ctx, db.Executor(), tables, tb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,4 +284,67 @@ func TestInboxSQLPartitioned(t *testing.T) {
 	if strings.Contains(plain, "PARTITION BY RANGE (event_id)") || strings.Contains(plain, "inbox_default") || strings.Contains(plain, "inbox_event_idx") {
 		t.Error("plain DDL partitions the inbox")
 	}
+}
+
+// TestInboxRangeCreationLocks: creating an inbox range takes only SHARE
+// UPDATE EXCLUSIVE on the inbox (claims of the ranges go on while the
+// default partition is scanned), ACCESS EXCLUSIVE on the default
+// partition alone. Control: CREATE TABLE … PARTITION OF, as the outbox's
+// ranges are made, locks the whole inbox ACCESS EXCLUSIVE.
+func TestInboxRangeCreationLocks(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.NewPostgresSchema(t)
+	db := pgxv5.New(s.Pool)
+	tables := ferry.Tables{}
+	if _, err := migrate.Up(ctx, db, tables, migrate.WithPartitionedInbox(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	locks := func(create func(tx driver.Tx) error) map[string]string {
+		t.Helper()
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := create(tx); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := tx.Query(ctx, `SELECT c.relname, l.mode FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+WHERE l.pid = pg_backend_pid() AND c.relname IN ('ferry_inbox', 'ferry_inbox_default')`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		held := map[string]string{}
+		for rows.Next() {
+			var rel, mode string
+			if err := rows.Scan(&rel, &mode); err != nil {
+				t.Fatal(err)
+			}
+			if mode == "AccessExclusiveLock" || held[rel] != "AccessExclusiveLock" {
+				held[rel] = mode
+			}
+		}
+		return held
+	}
+	later := time.Now().UTC().Truncate(time.Hour).Add(30 * time.Hour)
+	got := locks(func(tx driver.Tx) error {
+		ok, err := partition.Create(ctx, tx, tables, partition.Inbox, later, time.Hour)
+		if err == nil && !ok {
+			err = errors.New("not created")
+		}
+		return err
+	})
+	if got["ferry_inbox"] == "AccessExclusiveLock" || got["ferry_inbox_default"] != "AccessExclusiveLock" {
+		t.Fatalf("locks creating an inbox range: %v", got)
+	}
+	control := locks(func(tx driver.Tx) error {
+		_, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE ferry_inbox_control PARTITION OF ferry_inbox FOR VALUES FROM ('%s') TO ('%s')`,
+			partition.UUIDv7Prefix(later), partition.UUIDv7Prefix(later.Add(time.Hour))))
+		return err
+	})
+	if control["ferry_inbox"] != "AccessExclusiveLock" {
+		t.Fatalf("control: CREATE TABLE … PARTITION OF holds %v", control)
+	}
+	t.Logf("creating a range holds %v; CREATE TABLE … PARTITION OF holds %v", got, control)
 }

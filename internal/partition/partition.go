@@ -338,6 +338,29 @@ func Create(ctx context.Context, exec driver.Executor, t ferry.Tables, tb Table,
 	}
 	q := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
 		qualify(t, name), t.Name(string(tb)), lo, hi)
+	if tb.Key() == UUIDv7Key {
+		// CREATE TABLE … PARTITION OF locks the whole inbox ACCESS
+		// EXCLUSIVE while Postgres scans the default partition, so every
+		// claim would wait for that scan. A table created alone and then
+		// attached needs only SHARE UPDATE EXCLUSIVE on the inbox: claims
+		// of the ranges go on, and only those routed to the default (whose
+		// ACCESS EXCLUSIVE lock the scan holds) wait. One DO statement, so
+		// both steps are one transaction with any driver. The inbox's SHARE
+		// UPDATE EXCLUSIVE lock comes first: it conflicts with itself, so
+		// concurrent creators take turns (two CREATE TABLE IF NOT EXISTS
+		// at once can fail on the catalog's unique index), and a later one
+		// finds the table made and attached, and leaves it (reported as
+		// created all the same: the check above ran before the wait).
+		q = fmt.Sprintf(`DO $ferry$
+BEGIN
+    LOCK TABLE %[2]s IN SHARE UPDATE EXCLUSIVE MODE;
+    CREATE TABLE IF NOT EXISTS %[1]s (LIKE %[2]s INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+    IF NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = '%[1]s'::regclass) THEN
+        ALTER TABLE %[2]s ATTACH PARTITION %[1]s FOR VALUES FROM ('%[3]s') TO ('%[4]s');
+    END IF;
+END
+$ferry$`, qualify(t, name), t.Name(string(tb)), lo, hi)
+	}
 	if _, err := exec.Exec(ctx, q); err != nil {
 		if raced(err) {
 			return false, nil // another relay or cleanup created it (or an overlapping one) meanwhile
