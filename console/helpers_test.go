@@ -77,7 +77,7 @@ func newEnv(t testing.TB, dialect string, cfg console.Config) *env {
 			}
 			today := time.Now().UTC().Truncate(24 * time.Hour)
 			for d := 5; d >= 1; d-- {
-				if _, err := partition.Create(ctx, drv.Executor(), ferry.Tables{}, today.Add(-time.Duration(d)*24*time.Hour), 24*time.Hour); err != nil {
+				if _, err := partition.Create(ctx, drv.Executor(), ferry.Tables{}, partition.Outbox, today.Add(-time.Duration(d)*24*time.Hour), 24*time.Hour); err != nil {
 					t.Fatal(err)
 				}
 			}

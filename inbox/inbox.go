@@ -63,18 +63,19 @@ func New[TTx any](drv driver.Driver[TTx], name string, handler Handler[TTx], opt
 		return nil, &ferry.ConfigError{Field: "inbox.consumer", Reason: fmt.Sprintf("must be 1..%d bytes of A-Z a-z 0-9 _ - with single . or : between them", MaxConsumerNameBytes)}
 	}
 	cfg := config{
-		ordering:     true,
-		workers:      8,
-		queue:        64,
-		batch:        1,
-		maxAttempts:  5,
-		backoffBase:  200 * time.Millisecond,
-		backoffMax:   30 * time.Second,
-		gapAlert:     5 * time.Minute,
-		healInterval: 5 * time.Second,
-		drainTimeout: 10 * time.Second,
-		maxRawBytes:  64 << 10,
-		now:          time.Now,
+		ordering:       true,
+		workers:        8,
+		queue:          64,
+		batch:          1,
+		maxAttempts:    5,
+		backoffBase:    200 * time.Millisecond,
+		backoffMax:     30 * time.Second,
+		gapAlert:       5 * time.Minute,
+		healInterval:   5 * time.Second,
+		drainTimeout:   10 * time.Second,
+		partitionEvery: DefaultPartitionMaintenance,
+		maxRawBytes:    64 << 10,
+		now:            time.Now,
 	}
 	for _, o := range opts {
 		o(&cfg)

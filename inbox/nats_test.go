@@ -43,10 +43,17 @@ func forEachNATS(t *testing.T, f func(t *testing.T, s *natsStack)) {
 // newNATSStack connects to url, or starts an embedded server when url is "".
 func newNATSStack(t testing.TB, url string, opts ...natsembed.Option) *natsStack {
 	t.Helper()
+	return newNATSStackMigrated(t, url, nil, opts...)
+}
+
+// newNATSStackMigrated is newNATSStack with the schema made by
+// migrate.Up with mopts (a partitioned inbox).
+func newNATSStackMigrated(t testing.TB, url string, mopts []migrate.Option, opts ...natsembed.Option) *natsStack {
+	t.Helper()
 	ctx := context.Background()
 	pg := testenv.NewPostgresSchema(t)
 	drv := pgxv5.New(pg.Pool)
-	if _, err := migrate.Up(ctx, drv, ferry.Tables{}); err != nil {
+	if _, err := migrate.Up(ctx, drv, ferry.Tables{}, mopts...); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pg.Pool.Exec(ctx, `CREATE TABLE effects (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, tenant_id text NOT NULL,

@@ -68,33 +68,34 @@ type Faults struct {
 }
 
 type config struct {
-	tables        ferry.Tables
-	schemas       map[SchemaKey]bool
-	contracts     ContractValidator
-	opener        PayloadOpener // WithDecryption
-	fetcher       PayloadOpener // WithClaimCheck
-	authorize     any           // an Authorizer[TTx]; New checks its type
-	ordering      bool
-	start         StartPolicy
-	workers       int
-	queue         int
-	batch         int
-	batchLinger   time.Duration
-	maxAttempts   int
-	backoffBase   time.Duration
-	backoffMax    time.Duration
-	gapAlert      time.Duration
-	healInterval  time.Duration
-	drainTimeout  time.Duration
-	maxRawBytes   int
-	limits        ferry.Limits
-	logger        *slog.Logger
-	registerer    prometheus.Registerer
-	faults        Faults
-	lag           func(ctx context.Context) (int64, error)
-	now           func() time.Time
-	tracer        trace.Tracer
-	nonAtomicTest bool // negative control: claim and effect in separate transactions
+	tables         ferry.Tables
+	schemas        map[SchemaKey]bool
+	contracts      ContractValidator
+	opener         PayloadOpener // WithDecryption
+	fetcher        PayloadOpener // WithClaimCheck
+	authorize      any           // an Authorizer[TTx]; New checks its type
+	ordering       bool
+	start          StartPolicy
+	workers        int
+	queue          int
+	batch          int
+	batchLinger    time.Duration
+	maxAttempts    int
+	backoffBase    time.Duration
+	backoffMax     time.Duration
+	gapAlert       time.Duration
+	healInterval   time.Duration
+	drainTimeout   time.Duration
+	partitionEvery time.Duration // WithPartitionMaintenance
+	maxRawBytes    int
+	limits         ferry.Limits
+	logger         *slog.Logger
+	registerer     prometheus.Registerer
+	faults         Faults
+	lag            func(ctx context.Context) (int64, error)
+	now            func() time.Time
+	tracer         trace.Tracer
+	nonAtomicTest  bool // negative control: claim and effect in separate transactions
 	// alwaysSavepoints skips the optimistic batch pass (benchmarks compare).
 	alwaysSavepoints bool
 }
@@ -211,6 +212,21 @@ func WithHealInterval(d time.Duration) Option {
 	return func(c *config) { c.healInterval = d }
 }
 
+// DefaultPartitionMaintenance: how often Run creates the partitions of a
+// partitioned inbox ahead (see WithPartitionMaintenance).
+const DefaultPartitionMaintenance = 10 * time.Minute
+
+// WithPartitionMaintenance sets how often Run makes sure the range
+// partitions of a partitioned inbox (migrate.WithPartitionedInbox) exist
+// ahead of the events' ids (default DefaultPartitionMaintenance; it also
+// runs when Run starts). On a plain inbox it does nothing beyond one
+// catalog lookup at start. Claims never fail for a missing range — they
+// go to the inbox's default partition — but the default is never dropped,
+// so claims there wait for the row-by-row cleanup.
+func WithPartitionMaintenance(every time.Duration) Option {
+	return func(c *config) { c.partitionEvery = every }
+}
+
 // WithDrainTimeout bounds how long Run lets in-flight transactions finish
 // after its context is cancelled (default 10s); after that they are rolled
 // back and their messages left for redelivery.
@@ -308,6 +324,8 @@ func (c *config) check() error {
 		return bad("inbox.heal_interval", "must be >= 0, got %s", c.healInterval)
 	case c.drainTimeout < 0:
 		return bad("inbox.drain_timeout", "must be >= 0, got %s", c.drainTimeout)
+	case c.partitionEvery < 100*time.Millisecond:
+		return bad("inbox.partition_maintenance", "must be at least 100ms, got %s", c.partitionEvery)
 	case c.maxRawBytes < 0 || c.maxRawBytes > 16<<20:
 		return bad("inbox.max_raw_bytes", "must be in 0..16MiB, got %d", c.maxRawBytes)
 	case c.start != StartStrict && c.start != StartAtFirstSeen:

@@ -9,6 +9,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
 	"github.com/ferryhq/ferry/internal/logattr"
+	"github.com/ferryhq/ferry/internal/partition"
 )
 
 // Run consumes from c until ctx is cancelled or c fails, applying each
@@ -63,6 +64,13 @@ func (ib *Inbox[TTx]) Run(ctx context.Context, c broker.Consumer) error {
 		go func() {
 			defer wg.Done()
 			ib.worker(intake, work, queues[i], gate, onFault)
+		}()
+	}
+	if keeper, ok := ib.partitionKeeper(ctx); ok {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			keeper.Maintain(intake, ib.cfg.partitionEvery)
 		}()
 	}
 	if ib.cfg.healInterval > 0 {
@@ -174,6 +182,29 @@ func (ib *Inbox[TTx]) fill(intake context.Context, q <-chan *message, batch []*m
 		}
 	}
 	return batch
+}
+
+// partitionKeeper returns the keeper of a partitioned inbox after its
+// first Ensure; ok is false for a plain inbox (one catalog lookup) or
+// when the lookup fails (logged: claims still work, into the default
+// partition if no range covers them).
+func (ib *Inbox[TTx]) partitionKeeper(ctx context.Context) (partition.Keeper, bool) {
+	exec := ib.drv.Executor()
+	parted, err := partition.IsPartitioned(ctx, exec, ib.cfg.tables, partition.Inbox)
+	if err != nil {
+		ib.log.WarnContext(ctx, "inbox partition check failed; no partitions created ahead by this process", logattr.Err(err))
+		return partition.Keeper{}, false
+	}
+	if !parted {
+		return partition.Keeper{}, false
+	}
+	k := partition.Keeper{Exec: exec, Tables: ib.cfg.tables, Table: partition.Inbox, Log: ib.log}
+	if err := k.Start(ctx); err != nil {
+		// Start fails only for an outbox without a current partition; the
+		// inbox's default partition takes any claim, so Run goes on.
+		ib.log.WarnContext(ctx, "inbox partitions not created ahead", logattr.Err(err))
+	}
+	return k, true
 }
 
 func (ib *Inbox[TTx]) healLoop(intake, work context.Context) {

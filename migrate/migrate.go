@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -60,6 +61,7 @@ type Option func(*options)
 
 type options struct {
 	partitionInterval time.Duration // 0: a plain outbox table
+	inboxInterval     time.Duration // 0: a plain inbox table
 }
 
 // WithPartitionedOutbox creates the outbox as a table partitioned by
@@ -74,6 +76,23 @@ func WithPartitionedOutbox(interval time.Duration) Option {
 	return func(o *options) { o.partitionInterval = interval }
 }
 
+// WithPartitionedInbox creates the inbox partitioned by event_id in
+// ranges of interval (Postgres only; e.g. 24h): Ferry's event ids are
+// UUIDv7s, whose first 48 bits are the time, so each range holds the
+// claims of the events made in one interval, and the primary key
+// (consumer, tenant_id, event_id) — the dedup of G4 — stays unique over
+// the whole table. A DEFAULT partition takes ids that are not UUIDv7s or
+// fall outside the ranges made; it is never dropped. Cleanup drops a
+// range once every claim in it was applied before the inbox retention
+// (docs/PARTITIONING.md). Like WithPartitionedOutbox it takes effect when
+// the inbox is created (migration 0003) and is refused, with a
+// *ferry.ConfigError, on an inbox that exists as a plain table or is
+// partitioned by another interval. Up creates the first partitions; the
+// inbox consumer and cleanup keep creating them ahead.
+func WithPartitionedInbox(interval time.Duration) Option {
+	return func(o *options) { o.inboxInterval = interval }
+}
+
 func buildOptions(dialect driver.Dialect, opts []Option) (options, error) {
 	var o options
 	for _, opt := range opts {
@@ -84,6 +103,14 @@ func buildOptions(dialect driver.Dialect, opts []Option) (options, error) {
 			return o, &ferry.ConfigError{Field: "partitioned_outbox", Reason: fmt.Sprintf("a partitioned outbox is supported on Postgres only, not %s", dialect)}
 		}
 		if err := partition.CheckInterval("partitioned_outbox", o.partitionInterval); err != nil {
+			return o, err
+		}
+	}
+	if o.inboxInterval != 0 {
+		if dialect != driver.Postgres {
+			return o, &ferry.ConfigError{Field: "partitioned_inbox", Reason: fmt.Sprintf("a partitioned inbox is supported on Postgres only, not %s", dialect)}
+		}
+		if err := partition.CheckInterval("partitioned_inbox", o.inboxInterval); err != nil {
 			return o, err
 		}
 	}
@@ -109,7 +136,7 @@ func Load(dialect driver.Dialect, tables ferry.Tables, opts ...Option) ([]Migrat
 		return nil, fmt.Errorf("migrate: no migrations for dialect %q: %w", dialect, err)
 	}
 	funcs := template.FuncMap{}
-	data := names{t: tables, mysql: dialect == driver.MySQL, Partitioned: o.partitionInterval != 0}
+	data := names{t: tables, mysql: dialect == driver.MySQL, Partitioned: o.partitionInterval != 0, PartitionedInbox: o.inboxInterval != 0}
 	var out []Migration
 	for _, e := range entries {
 		base := strings.TrimSuffix(e.Name(), ".sql")
@@ -150,6 +177,9 @@ type names struct {
 	mysql bool
 	// Partitioned: {{if .Partitioned}} renders the partitioned outbox.
 	Partitioned bool
+	// PartitionedInbox: {{if .PartitionedInbox}} renders the partitioned
+	// inbox and its default partition.
+	PartitionedInbox bool
 }
 
 func (n names) T(base string) string    { return n.quote(n.t.Name(base)) }
@@ -168,6 +198,9 @@ func (n names) quote(s string) string {
 //
 // With WithPartitionedOutbox the DDL creates no partition: create them
 // with `ferry migrate up` (or let the relay do it) before the first write.
+// With WithPartitionedInbox it creates only the inbox's default partition
+// (claims work at once); `ferry migrate up`, the inbox consumer or
+// cleanup create the ranges.
 func SQL(dialect driver.Dialect, tables ferry.Tables, opts ...Option) (string, error) {
 	ms, err := Load(dialect, tables, opts...)
 	if err != nil {
@@ -249,33 +282,52 @@ func Up(ctx context.Context, db DB, tables ferry.Tables, opts ...Option) ([]Migr
 	return ran, nil
 }
 
-// ensurePartitions checks that the outbox is partitioned when asked and
-// creates the partitions it needs from now on. A partitioned outbox gets
-// its partitions created ahead by every Up, asked or not.
+// ensurePartitions checks that the outbox and the inbox are partitioned
+// when asked and creates the partitions they need from now on. A
+// partitioned table gets its partitions created ahead by every Up, asked
+// or not.
 func ensurePartitions(ctx context.Context, tx driver.Tx, tables ferry.Tables, o options) error {
 	if tx.Dialect() != driver.Postgres {
 		return nil
 	}
-	parted, err := partition.IsPartitioned(ctx, tx, tables)
+	for _, c := range []struct {
+		tb       partition.Table
+		field    string
+		interval time.Duration
+	}{{partition.Outbox, "partitioned_outbox", o.partitionInterval}, {partition.Inbox, "partitioned_inbox", o.inboxInterval}} {
+		if err := ensureTable(ctx, tx, tables, c.tb, c.field, c.interval); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureTable is ensurePartitions for one table; field names the option
+// in refusals. An inbox range whose rows already sit in the default
+// partition is skipped, not an error (partition.ErrDefaultHoldsRange):
+// its claims stay deduplicated there, and the migration must not fail
+// for it.
+func ensureTable(ctx context.Context, tx driver.Tx, tables ferry.Tables, tb partition.Table, field string, interval time.Duration) error {
+	parted, err := partition.IsPartitioned(ctx, tx, tables, tb)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	if !parted {
-		if o.partitionInterval != 0 {
-			return &ferry.ConfigError{Field: "partitioned_outbox",
-				Reason: "the outbox already exists as a plain table; a partitioned outbox is chosen when the outbox is first created (see docs/PARTITIONING.md)"}
+		if interval != 0 {
+			return &ferry.ConfigError{Field: field,
+				Reason: fmt.Sprintf("the %s already exists as a plain table; a partitioned %s is chosen when the %s is first created (see docs/PARTITIONING.md)", tb, tb, tb)}
 		}
 		return nil
 	}
-	parts, err := partition.List(ctx, tx, tables)
+	parts, err := partition.List(ctx, tx, tables, tb)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	if w, ok := partition.Interval(parts); ok && o.partitionInterval != 0 && w != o.partitionInterval {
-		return &ferry.ConfigError{Field: "partitioned_outbox",
-			Reason: fmt.Sprintf("the outbox is partitioned by %s, not %s; the interval is fixed when the outbox is created", w, o.partitionInterval)}
+	if w, ok := partition.Interval(parts); ok && interval != 0 && w != interval {
+		return &ferry.ConfigError{Field: field,
+			Reason: fmt.Sprintf("the %s is partitioned by %s, not %s; the interval is fixed when the %s is created", tb, w, interval, tb)}
 	}
-	if _, err := partition.Ensure(ctx, tx, tables, time.Now(), o.partitionInterval, partition.DefaultAhead); err != nil {
+	if _, err := partition.Ensure(ctx, tx, tables, tb, time.Now(), interval, partition.DefaultAhead); err != nil && !errors.Is(err, partition.ErrDefaultHoldsRange) {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	return nil

@@ -190,9 +190,21 @@ type CleanupResult struct {
 	// dropped partitions' estimated row counts.
 	OutboxPartitions    []PartitionDrop `json:"outbox_partitions,omitempty"`
 	OutboxPartitionRows int64           `json:"outbox_partition_rows_estimate,omitempty"`
-	// PartitionsCreated names the outbox partitions cleanup created ahead.
+	// InboxPartitions lists, for a partitioned inbox, every range
+	// partition that ended before the inbox retention's cutoff: dropped
+	// (on a dry run: would be), or kept with the reason (a claim applied
+	// inside the retention). The default partition is never listed.
+	// InboxPartitionRows sums the dropped ones' estimated row counts.
+	InboxPartitions    []PartitionDrop `json:"inbox_partitions,omitempty"`
+	InboxPartitionRows int64           `json:"inbox_partition_rows_estimate,omitempty"`
+	// PartitionsCreated names the outbox and inbox partitions cleanup
+	// created ahead.
 	PartitionsCreated []string `json:"partitions_created,omitempty"`
-	AuditID           int64    `json:"audit_id,omitempty"`
+	// PartitionsNotCreated says which inbox ranges could not be created
+	// because the inbox's default partition holds rows of them
+	// (partition.ErrDefaultHoldsRange); their claims stay in the default.
+	PartitionsNotCreated string `json:"partitions_not_created,omitempty"`
+	AuditID              int64  `json:"audit_id,omitempty"`
 }
 
 func (c *CleanupOptions) normalise() error {
@@ -278,17 +290,29 @@ func (o *Ops) cleanup(ctx context.Context, opts CleanupOptions, a Approval, audi
 		res.ArchiveLocation = opts.Archive.Location()
 	}
 	now := o.now()
-	parted, err := partition.IsPartitioned(ctx, o.db.Executor(), o.cfg.tables)
-	if err != nil {
-		return res, fmt.Errorf("ops: cleanup: %w", err)
-	}
-	// A partitioned outbox drops whole partitions instead of deleting
-	// their rows. With an archive the rows are archived and deleted by the
-	// batches below first (an archive takes rows, not tables), and the
+	// A partitioned table drops whole partitions instead of deleting
+	// their rows: the outbox's past Retention, the inbox's past
+	// InboxRetention. With an archive the rows are archived and deleted by
+	// the batches below first (an archive takes rows, not tables), and the
 	// partitions they emptied are dropped after.
-	if parted && opts.Archive == nil {
-		if err := o.dropPartitions(ctx, opts, now, !a.Approve, &res); err != nil {
-			return res, err
+	var parted []partitionedTable
+	for _, pt := range []partitionedTable{
+		{partition.Outbox, now.Add(-opts.Retention), &res.OutboxPartitions, &res.OutboxPartitionRows},
+		{partition.Inbox, now.Add(-opts.InboxRetention), &res.InboxPartitions, &res.InboxPartitionRows},
+	} {
+		ok, err := partition.IsPartitioned(ctx, o.db.Executor(), o.cfg.tables, pt.table)
+		if err != nil {
+			return res, fmt.Errorf("ops: cleanup: %w", err)
+		}
+		if ok {
+			parted = append(parted, pt)
+		}
+	}
+	if opts.Archive == nil {
+		for _, pt := range parted {
+			if err := o.dropPartitions(ctx, pt, opts, now, !a.Approve, &res); err != nil {
+				return res, err
+			}
 		}
 	}
 	for _, tgt := range o.cleanupTargets(ctx, opts, now, &res) {
@@ -305,12 +329,14 @@ func (o *Ops) cleanup(ctx context.Context, opts CleanupOptions, a Approval, audi
 			return res, err
 		}
 	}
-	if parted && opts.Archive != nil {
-		if err := o.dropPartitions(ctx, opts, now, !a.Approve, &res); err != nil {
-			return res, err
+	if opts.Archive != nil {
+		for _, pt := range parted {
+			if err := o.dropPartitions(ctx, pt, opts, now, !a.Approve, &res); err != nil {
+				return res, err
+			}
 		}
 	}
-	total := res.Outbox + res.Discarded + res.Inbox + res.ResolvedParked + res.Effects + res.OutboxPartitionRows
+	total := res.Outbox + res.Discarded + res.Inbox + res.ResolvedParked + res.Effects + res.OutboxPartitionRows + res.InboxPartitionRows
 	if a.Approve && (total > 0 || auditEmpty || len(res.PartitionsCreated) > 0) {
 		// Rows already deleted are audited even if ctx ended meanwhile.
 		actx := context.WithoutCancel(ctx)
@@ -445,7 +471,7 @@ func (o *Ops) deleteBatches(ctx context.Context, t cleanupTarget, opts CleanupOp
 	return total, batches, nil
 }
 
-// PartitionDrop is cleanup's verdict on one outbox partition.
+// PartitionDrop is cleanup's verdict on one outbox or inbox partition.
 type PartitionDrop struct {
 	Name string    `json:"name"`
 	From time.Time `json:"from"`
@@ -456,34 +482,48 @@ type PartitionDrop struct {
 	RowsEstimate int64 `json:"rows_estimate"`
 	// Kept says why a partition past the cutoff stays.
 	Kept string `json:"kept,omitempty"`
-	// ExclusiveMillis: how long the outbox was locked exclusively for the
-	// detach and drop (lock wait included); producers wait at most this.
+	// ExclusiveMillis: how long the table was locked exclusively for the
+	// detach (lock wait included); its writers wait at most this.
 	ExclusiveMillis float64 `json:"exclusive_ms,omitempty"`
 }
 
-// dropPartitions creates the outbox partitions ahead and drops each
-// partition that ended before now-Retention and whose every row is sent
-// and was published before then (discarded dead letters too with
-// IncludeDiscarded), checked under the partition's lock (partition.Drop).
-// The retention was checked against the replay window before.
-func (o *Ops) dropPartitions(ctx context.Context, opts CleanupOptions, now time.Time, dryRun bool, res *CleanupResult) error {
+// partitionedTable is one partitioned table cleanup drops partitions of:
+// its cutoff (now minus its retention) and where its verdicts go.
+type partitionedTable struct {
+	table    partition.Table
+	cutoff   time.Time
+	verdicts *[]PartitionDrop
+	rows     *int64
+}
+
+// dropPartitions creates pt's partitions ahead and drops each partition
+// that ended before its cutoff and passes the guard checked under the
+// partition's lock (partition.Drop): in the outbox every row sent and
+// published before the cutoff (discarded dead letters too with
+// IncludeDiscarded); in the inbox every claim applied before it. The
+// retentions were checked against the replay window before.
+func (o *Ops) dropPartitions(ctx context.Context, pt partitionedTable, opts CleanupOptions, now time.Time, dryRun bool, res *CleanupResult) error {
 	if !dryRun {
 		// Partitions an earlier run detached but could not drop; first, so
 		// that Ensure cannot mistake one for a partition that exists.
-		if _, err := partition.DropDetached(ctx, o.db.Executor(), o.cfg.tables); err != nil {
+		if _, err := partition.DropDetached(ctx, o.db.Executor(), o.cfg.tables, pt.table); err != nil {
 			return fmt.Errorf("ops: cleanup: %w", err)
 		}
-		created, err := partition.Ensure(ctx, o.db.Executor(), o.cfg.tables, now, 0, partition.DefaultAhead)
-		if err != nil {
-			return fmt.Errorf("ops: cleanup: %w", err)
-		}
+		created, err := partition.Ensure(ctx, o.db.Executor(), o.cfg.tables, pt.table, now, 0, partition.DefaultAhead)
 		res.PartitionsCreated = append(res.PartitionsCreated, created...)
+		switch {
+		case errors.Is(err, partition.ErrDefaultHoldsRange):
+			res.PartitionsNotCreated = err.Error()
+			o.cfg.log.WarnContext(ctx, "inbox partitions not created: the default partition holds rows of their range", logattr.Err(err))
+		case err != nil:
+			return fmt.Errorf("ops: cleanup: %w", err)
+		}
 	}
-	parts, err := partition.List(ctx, o.db.Executor(), o.cfg.tables)
+	parts, err := partition.List(ctx, o.db.Executor(), o.cfg.tables, pt.table)
 	if err != nil {
 		return fmt.Errorf("ops: cleanup: %w", err)
 	}
-	g := partition.Guard{Cutoff: now.Add(-opts.Retention)}
+	g := partition.Guard{Cutoff: pt.cutoff}
 	if opts.IncludeDiscarded {
 		g.DiscardedBefore = &g.Cutoff
 	}
@@ -494,21 +534,24 @@ func (o *Ops) dropPartitions(ctx context.Context, opts CleanupOptions, now time.
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		v, err := partition.Drop(ctx, o.db, o.cfg.tables, p, g, dryRun)
+		v, err := partition.Drop(ctx, o.db, o.cfg.tables, pt.table, p, g, dryRun)
 		if err != nil {
-			// A lock not granted in time (a long transaction on the outbox)
-			// leaves the partition for the next run; anything else stops.
-			if isLockTimeout(err) {
-				v.Kept = "its lock was not granted within " + partition.LockTimeout.String() + "; retried at the next run"
-				o.cfg.log.WarnContext(ctx, "outbox partition not dropped: lock timeout", "partition", p.Name)
-			} else {
+			// A lock not granted in time (a long transaction on the table),
+			// or a deadlock with a writer of the partition (an inbox claim
+			// of an old event waits on the partition's lock while holding
+			// the table's, which the detach needs), leaves the partition
+			// for the next run; anything else stops.
+			if !isLockTimeout(err) && !isDeadlock(err) {
 				return fmt.Errorf("ops: cleanup: %w", err)
 			}
+			v.Dropped = false
+			v.Kept = "its lock was not granted within " + partition.LockTimeout.String() + "; retried at the next run"
+			o.cfg.log.WarnContext(ctx, string(pt.table)+" partition not dropped: lock not granted", "partition", p.Name)
 		}
-		res.OutboxPartitions = append(res.OutboxPartitions, PartitionDrop{Name: v.Name, From: v.From, To: v.To,
+		*pt.verdicts = append(*pt.verdicts, PartitionDrop{Name: v.Name, From: v.From, To: v.To,
 			Dropped: v.Dropped, RowsEstimate: v.RowsEstimate, Kept: v.Kept, ExclusiveMillis: v.ExclusiveMillis})
 		if v.Dropped {
-			res.OutboxPartitionRows += v.RowsEstimate
+			*pt.rows += v.RowsEstimate
 		}
 	}
 	return nil
@@ -518,6 +561,12 @@ func (o *Ops) dropPartitions(ctx context.Context, opts CleanupOptions, now time.
 func isLockTimeout(err error) bool {
 	var coded interface{ SQLState() string }
 	return errors.As(err, &coded) && coded.SQLState() == "55P03"
+}
+
+// isDeadlock reports Postgres' deadlock_detected (40P01).
+func isDeadlock(err error) bool {
+	var coded interface{ SQLState() string }
+	return errors.As(err, &coded) && coded.SQLState() == "40P01"
 }
 
 // watermarkCleanupTargets are the rows a relay in the watermark design

@@ -123,13 +123,13 @@ func partitionCleanupGuard(t *testing.T, guarded bool) {
 
 	if !guarded {
 		// The negative control: the same drop without the row checks.
-		all, err := partition.List(ctx, e.exec, tables)
+		all, err := partition.List(ctx, e.exec, tables, partition.Outbox)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, p := range all {
 			if p.Name == parts["pending"] {
-				v, err := partition.Drop(ctx, e.db, tables, p, partition.Guard{Cutoff: later.Add(-7 * 24 * time.Hour), Unguarded: true}, false)
+				v, err := partition.Drop(ctx, e.db, tables, partition.Outbox, p, partition.Guard{Cutoff: later.Add(-7 * 24 * time.Hour), Unguarded: true}, false)
 				if err != nil || !v.Dropped {
 					t.Fatalf("unguarded drop: %+v %v", v, err)
 				}
@@ -199,7 +199,7 @@ func partitionCleanupGuard(t *testing.T, guarded bool) {
 		}
 		// A partition detached by a run that died before its drop is
 		// dropped by the next run; a table that only looks alike is not.
-		all, err := partition.List(ctx, e.exec, tables)
+		all, err := partition.List(ctx, e.exec, tables, partition.Outbox)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -212,7 +212,7 @@ func partitionCleanupGuard(t *testing.T, guarded bool) {
 		if n := count(t, e, `SELECT count(*) FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid WHERE relname = $1`, orphan); n != 1 {
 			t.Errorf("detached partition %s not dropped and made again as a partition", orphan)
 		}
-		after, err := partition.List(ctx, e.exec, tables)
+		after, err := partition.List(ctx, e.exec, tables, partition.Outbox)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -227,7 +227,7 @@ func partitionCleanupGuard(t *testing.T, guarded bool) {
 			t.Errorf("a table not named like a partition was dropped")
 		}
 		// Cleanup also created partitions ahead of its clock.
-		if all, _ := partition.List(ctx, e.exec, tables); len(all) == 0 || all[len(all)-1].To.Before(later) {
+		if all, _ := partition.List(ctx, e.exec, tables, partition.Outbox); len(all) == 0 || all[len(all)-1].To.Before(later) {
 			t.Errorf("no partitions ahead of %s: %+v", later, all)
 		}
 	}

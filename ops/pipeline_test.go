@@ -11,12 +11,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker/natsjs"
-	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/command"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/driver/mysql"
@@ -115,28 +113,7 @@ func buildPipeline[TTx any](t *testing.T, e *env, drv driver.Driver[TTx], unorde
 	mustExec(t, e, `CREATE TABLE applications (event_id text NOT NULL, consumer text NOT NULL)`)
 	mustExec(t, e, `CREATE TABLE revoked (principal varchar(200) PRIMARY KEY)`)
 
-	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
-	if err != nil {
-		t.Fatalf("embedded nats: %v", err)
-	}
-	t.Cleanup(func() { _ = emb.Close() })
-	nc, err := natsjs.Connect(emb.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := natsjs.EnsureStream(ctx, js, natsjs.StreamConfig{Name: "OPSTEST", Subjects: []string{"order.events"}, DuplicateWindow: dupWindow}); err != nil {
-		t.Fatal(err)
-	}
-	pub, err := natsjs.NewPublisher(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pub.Close() })
+	nc, pub := jetStream(t, "OPSTEST", dupWindow)
 	r, err := relay.New(e.db, pub, relay.WithShardCount(4), relay.WithPollInterval(20*time.Millisecond), relay.WithRegisterer(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)

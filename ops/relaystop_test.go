@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -22,6 +23,15 @@ import (
 // embeddedNATS starts a JetStream server of the test's own (never the
 // shared one) with a stream for the test topics, and a publisher.
 func embeddedNATS(t *testing.T) *natsjs.Publisher {
+	t.Helper()
+	_, pub := jetStream(t, "OPSTEST", 0)
+	return pub
+}
+
+// jetStream starts a JetStream server of the test's own with stream over
+// the subject order.events (duplicate window dup; 0: the server's
+// default) and returns a connection to it and a publisher.
+func jetStream(t *testing.T, stream string, dup time.Duration) (*nats.Conn, *natsjs.Publisher) {
 	t.Helper()
 	emb, err := natsembed.Start(natsembed.WithStoreDir(t.TempDir()))
 	if err != nil {
@@ -39,7 +49,7 @@ func embeddedNATS(t *testing.T) *natsjs.Publisher {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := natsjs.EnsureStream(ctx, js, natsjs.StreamConfig{Name: "OPSTEST", Subjects: []string{"order.events"}}); err != nil {
+	if _, err := natsjs.EnsureStream(ctx, js, natsjs.StreamConfig{Name: stream, Subjects: []string{"order.events"}, DuplicateWindow: dup}); err != nil {
 		t.Fatal(err)
 	}
 	pub, err := natsjs.NewPublisher(nc)
@@ -47,7 +57,7 @@ func embeddedNATS(t *testing.T) *natsjs.Publisher {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-	return pub
+	return nc, pub
 }
 
 // runRelay runs a real relay until the returned stop is called.

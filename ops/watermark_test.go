@@ -29,7 +29,7 @@ func TestStatusWatermark(t *testing.T) {
 		e, _, _ := partitionedEnv(t)
 		// The rows made older below may fall before today's partition.
 		day := time.Now().UTC().Truncate(24 * time.Hour)
-		if _, err := partition.Create(context.Background(), e.exec, tables, day.Add(-24*time.Hour), 24*time.Hour); err != nil {
+		if _, err := partition.Create(context.Background(), e.exec, tables, partition.Outbox, day.Add(-24*time.Hour), 24*time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		statusWatermark(t, e)

@@ -2,13 +2,13 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/internal/statebench"
+	"github.com/ferryhq/ferry/internal/testenv"
 )
 
 // claimPlan is what EXPLAIN (ANALYZE, BUFFERS) says of one claim.
@@ -39,29 +39,10 @@ func explainClaim(t *testing.T, s *store, sql string) claimPlan {
 	return p
 }
 
-// walkPlan decodes EXPLAIN (FORMAT JSON) output, calls visit on every
-// plan node, depth first, and returns the root node.
+// walkPlan is testenv.WalkPlan (kept for this package's plan tests).
 func walkPlan(t *testing.T, raw []byte, visit func(node map[string]any)) map[string]any {
 	t.Helper()
-	var doc []struct {
-		Plan map[string]any `json:"Plan"`
-	}
-	if err := json.Unmarshal(raw, &doc); err != nil || len(doc) != 1 {
-		t.Fatalf("explain output: %v %s", err, raw)
-	}
-	var walk func(n map[string]any)
-	walk = func(n map[string]any) {
-		visit(n)
-		if kids, ok := n["Plans"].([]any); ok {
-			for _, k := range kids {
-				if m, ok := k.(map[string]any); ok {
-					walk(m)
-				}
-			}
-		}
-	}
-	walk(doc[0].Plan)
-	return doc[0].Plan
+	return testenv.WalkPlan(t, raw, visit)
 }
 
 // TestClaimPlanIgnoresStaleStatistics: a backlog is analysed while every

@@ -153,7 +153,7 @@ func newPGWatermarkStore(t testing.TB, shards int, extra ...outbox.Option) *stor
 func newPGPartitionedStore(t testing.TB, shards int, extra ...outbox.Option) *store {
 	t.Helper()
 	s := newPGStoreMigrated(t, shards, []migrate.Option{migrate.WithPartitionedOutbox(time.Hour)}, extra...)
-	parts, err := partition.List(context.Background(), s.db.Executor(), ferry.Tables{})
+	parts, err := partition.List(context.Background(), s.db.Executor(), ferry.Tables{}, partition.Outbox)
 	if err != nil || len(parts) < partition.DefaultAhead {
 		t.Fatalf("partitioned outbox: %d partitions, %v", len(parts), err)
 	}

@@ -90,7 +90,7 @@ func testPartitionBoundary(t *testing.T, watermark bool) {
 
 	// Control: with no relay keeping partitions ahead, a write past the
 	// last partition is refused by Postgres, loudly.
-	parts, err := partition.List(ctx, s.db.Executor(), ferry.Tables{})
+	parts, err := partition.List(ctx, s.db.Executor(), ferry.Tables{}, partition.Outbox)
 	if err != nil {
 		t.Fatal(err)
 	}

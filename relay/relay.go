@@ -365,7 +365,7 @@ func (r *Relay) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: inspect outbox columns: %w", err)
 	}
-	parted, err := partition.IsPartitioned(ctx, exec, r.cfg.tables)
+	parted, err := partition.IsPartitioned(ctx, exec, r.cfg.tables, partition.Outbox)
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
@@ -521,5 +521,5 @@ func sleep(ctx context.Context, d time.Duration) bool { return backoff.Sleep(ctx
 
 // partitions is the relay's keeper of a partitioned outbox's partitions.
 func (r *Relay) partitions() partition.Keeper {
-	return partition.Keeper{Exec: r.db.Executor(), Tables: r.cfg.tables, Log: r.log}
+	return partition.Keeper{Exec: r.db.Executor(), Tables: r.cfg.tables, Table: partition.Outbox, Log: r.log}
 }

@@ -158,7 +158,7 @@ func benchCleanupRound(ctx context.Context, f *benchCleanupFlags, mode string) (
 	// and the ones ahead, where the producer below writes).
 	day := time.Now().UTC().Truncate(24 * time.Hour).Add(-8 * 24 * time.Hour)
 	if mode == "partition" {
-		if _, err := partition.Create(ctx, drv.Executor(), tables, day, 24*time.Hour); err != nil {
+		if _, err := partition.Create(ctx, drv.Executor(), tables, partition.Outbox, day, 24*time.Hour); err != nil {
 			return res, err
 		}
 	}

@@ -91,7 +91,7 @@ sequence row).`,
 					return err
 				}
 				defer pool.Close()
-				if err := producebench.Setup(ctx, pool, sf.tables(), partitionOpts(partitioned)...); err != nil {
+				if err := producebench.Setup(ctx, pool, sf.tables(), partitionOpts(partitioned, 0)...); err != nil {
 					return relayFlagError(err)
 				}
 				pr, err := producebench.New(pool, sf.tables(), notify)

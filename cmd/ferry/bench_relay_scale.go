@@ -238,7 +238,7 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 	}
 	defer drop()
 	drv := pgxv5.New(pool)
-	if _, err := migrate.Up(ctx, drv, ferry.Tables{}, partitionOpts(f.partition)...); err != nil {
+	if _, err := migrate.Up(ctx, drv, ferry.Tables{}, partitionOpts(f.partition, 0)...); err != nil {
 		return relayFlagError(err)
 	}
 	rep.PartitionSeconds = f.partition.Seconds()

@@ -43,6 +43,15 @@ and --min-inbox-replay-horizon — because deleting a dedup row while its event
 can still be redelivered or replayed applies that event twice. Inbox
 retention must also be at least the outbox retention.
 
+On Postgres, a partitioned outbox or inbox ('ferry migrate up
+--partition-outbox / --partition-inbox') first has its partitions created
+ahead, then each partition that ended before its retention detached and
+dropped if its guard holds, checked with the partition locked: in the
+outbox every row sent and published before the cutoff, in the inbox every
+claim applied before it. A kept partition is printed with the reason; the
+inbox's default partition is never dropped. The row-by-row deletes then run
+for what remains (docs/PARTITIONING.md).
+
 With --archive URL every batch is first written to that blob store (gzip
 NDJSON plus a manifest with row count, id range and sha256; see
 docs/ARCHIVE.md) and read back; a batch whose archive is not confirmed is
@@ -109,18 +118,26 @@ Previews (counts) by default; --approve deletes and writes an audit row.`,
 			if len(res.Skipped) > 0 {
 				fmt.Fprintf(w, "not installed, skipped: %s\n", strings.Join(res.Skipped, ", "))
 			}
-			for _, p := range res.OutboxPartitions {
-				what := fmt.Sprintf("dropped (outbox locked exclusively %.1f ms)", p.ExclusiveMillis)
-				switch {
-				case p.Dropped && res.DryRun:
-					what = "would drop"
-				case !p.Dropped:
-					what = "kept: " + p.Kept
+			for _, pv := range []struct {
+				table string
+				parts []ops.PartitionDrop
+			}{{"outbox", res.OutboxPartitions}, {"inbox", res.InboxPartitions}} {
+				for _, p := range pv.parts {
+					what := fmt.Sprintf("dropped (%s locked exclusively %.1f ms)", pv.table, p.ExclusiveMillis)
+					switch {
+					case p.Dropped && res.DryRun:
+						what = "would drop"
+					case !p.Dropped:
+						what = "kept: " + p.Kept
+					}
+					fmt.Fprintf(w, "%s partition %s [%s, %s) ~%d rows: %s\n", pv.table, p.Name, p.From.Format(time.RFC3339), p.To.Format(time.RFC3339), p.RowsEstimate, what)
 				}
-				fmt.Fprintf(w, "outbox partition %s [%s, %s) ~%d rows: %s\n", p.Name, p.From.Format(time.RFC3339), p.To.Format(time.RFC3339), p.RowsEstimate, what)
 			}
 			if len(res.PartitionsCreated) > 0 {
-				fmt.Fprintf(w, "outbox partitions created ahead: %s\n", strings.Join(res.PartitionsCreated, ", "))
+				fmt.Fprintf(w, "partitions created ahead: %s\n", strings.Join(res.PartitionsCreated, ", "))
+			}
+			if res.PartitionsNotCreated != "" {
+				fmt.Fprintf(w, "warning: %s\n", res.PartitionsNotCreated)
 			}
 			return nil
 		},

@@ -18,7 +18,7 @@ func newMigrateCmd() *cobra.Command {
 	}
 	var up, status storeFlags
 	var statusJSON bool
-	var upPartition, sqlPartition time.Duration
+	var upPartition, sqlPartition, upInbox, sqlInbox time.Duration
 	upCmd := &cobra.Command{
 		Use:   "up",
 		Short: "Apply pending migrations in one transaction",
@@ -29,7 +29,7 @@ func newMigrateCmd() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			ran, err := migrate.Up(cmd.Context(), s, up.tables(), partitionOpts(upPartition)...)
+			ran, err := migrate.Up(cmd.Context(), s, up.tables(), partitionOpts(upPartition, upInbox)...)
 			if err != nil {
 				return relayFlagError(err)
 			}
@@ -45,6 +45,8 @@ func newMigrateCmd() *cobra.Command {
 	up.register(upCmd)
 	upCmd.Flags().DurationVar(&upPartition, "partition-outbox", 0,
 		"create the outbox partitioned by created_at in ranges of this length, e.g. 24h (Postgres; only when the outbox is first created; docs/PARTITIONING.md)")
+	upCmd.Flags().DurationVar(&upInbox, "partition-inbox", 0,
+		"create the inbox partitioned by event_id (UUIDv7 time) in ranges of this length, e.g. 24h, plus a default partition (Postgres; only when the inbox is first created; docs/PARTITIONING.md)")
 	statusCmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show applied and pending migrations",
@@ -109,7 +111,7 @@ func newMigrateCmd() *cobra.Command {
 			if d != driver.Postgres && d != driver.SQLite && d != driver.MySQL {
 				return fmt.Errorf("--dialect must be postgres, mysql or sqlite, got %q", dialect)
 			}
-			ddl, err := migrate.SQL(d, sqlFlags.tables(), partitionOpts(sqlPartition)...)
+			ddl, err := migrate.SQL(d, sqlFlags.tables(), partitionOpts(sqlPartition, sqlInbox)...)
 			if err != nil {
 				return relayFlagError(err)
 			}
@@ -122,14 +124,21 @@ func newMigrateCmd() *cobra.Command {
 	sqlCmd.Flags().StringVar(&sqlFlags.prefix, "table-prefix", "ferry_", "prefix of Ferry's table names")
 	sqlCmd.Flags().DurationVar(&sqlPartition, "partition-outbox", 0,
 		"print the partitioned outbox's DDL (Postgres; partitions are made by `ferry migrate up`, the relay and cleanup)")
+	sqlCmd.Flags().DurationVar(&sqlInbox, "partition-inbox", 0,
+		"print the partitioned inbox's DDL with its default partition (Postgres; ranges are made by `ferry migrate up`, the inbox consumer and cleanup)")
 	cmd.AddCommand(upCmd, statusCmd, sqlCmd)
 	return cmd
 }
 
-// partitionOpts turns --partition-outbox into migrate options.
-func partitionOpts(d time.Duration) []migrate.Option {
-	if d == 0 {
-		return nil
+// partitionOpts turns --partition-outbox and --partition-inbox into
+// migrate options.
+func partitionOpts(outbox, inbox time.Duration) []migrate.Option {
+	var opts []migrate.Option
+	if outbox != 0 {
+		opts = append(opts, migrate.WithPartitionedOutbox(outbox))
 	}
-	return []migrate.Option{migrate.WithPartitionedOutbox(d)}
+	if inbox != 0 {
+		opts = append(opts, migrate.WithPartitionedInbox(inbox))
+	}
+	return opts
 }

@@ -627,6 +627,7 @@ var relayOptionFlags = map[string]string{
 	"tables.prefix":   "--table-prefix",
 	// ferry migrate up / sql
 	"partitioned_outbox": "--partition-outbox",
+	"partitioned_inbox":  "--partition-inbox",
 }
 
 // relayFlagError restates a relay configuration error in terms of the flag

@@ -254,7 +254,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if tgt.partitioned {
 		// Producers must never find no partition: every CDC relay, the
 		// standby too, keeps them created ahead, as the polling relay does.
-		keeper := partition.Keeper{Exec: pgxv5.New(pool).Executor(), Tables: tgt.tables, Log: r.log}
+		keeper := partition.Keeper{Exec: pgxv5.New(pool).Executor(), Tables: tgt.tables, Table: partition.Outbox, Log: r.log}
 		if err := keeper.Start(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -338,7 +338,7 @@ func resolveTarget(ctx context.Context, pool *pgxpool.Pool, t ferry.Tables) (tar
 	if !ok {
 		return tg, fmt.Errorf("cdc: bookkeeping table %s not found (run `ferry migrate up`, migration 0006)", tg.slotTable)
 	}
-	if tg.partitioned, err = partition.IsPartitioned(ctx, pgxv5.New(pool).Executor(), tg.tables); err != nil {
+	if tg.partitioned, err = partition.IsPartitioned(ctx, pgxv5.New(pool).Executor(), tg.tables, partition.Outbox); err != nil {
 		return tg, fmt.Errorf("cdc: %w", err)
 	}
 	return tg, nil

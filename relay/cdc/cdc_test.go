@@ -243,7 +243,7 @@ func TestPartitionedOutbox(t *testing.T) {
 	ctx := context.Background()
 	h := newPartitionedHarness(t, time.Second)
 	exec := pgxv5.New(h.s.Pool).Executor()
-	made, err := partition.List(ctx, exec, h.tables)
+	made, err := partition.List(ctx, exec, h.tables, partition.Outbox)
 	if err != nil || len(made) == 0 {
 		t.Fatalf("partitions after migrate: %v %v", made, err)
 	}
@@ -285,7 +285,7 @@ func TestPartitionedOutboxWithoutMaintenanceRefusesWrites(t *testing.T) {
 	h := newPartitionedHarness(t, time.Second)
 	k := startKafka(t)
 	h.start(k.publisher(), cdc.WithPartitionMaintenance(time.Hour))
-	parts, err := partition.List(ctx, pgxv5.New(h.s.Pool).Executor(), h.tables)
+	parts, err := partition.List(ctx, pgxv5.New(h.s.Pool).Executor(), h.tables, partition.Outbox)
 	if err != nil || len(parts) == 0 {
 		t.Fatalf("partitions: %v %v", parts, err)
 	}

@@ -203,7 +203,7 @@ func (kr killRun) run(t *testing.T) {
 		go func() {
 			defer backstop.Done()
 			for bctx.Err() == nil {
-				names, err := partition.Ensure(bctx, pgxv5.New(h.s.Pool).Executor(), h.tables, time.Now(), 0, 3)
+				names, err := partition.Ensure(bctx, pgxv5.New(h.s.Pool).Executor(), h.tables, partition.Outbox, time.Now(), 0, 3)
 				if err != nil && bctx.Err() == nil {
 					t.Errorf("partition backstop: %v", err)
 					return

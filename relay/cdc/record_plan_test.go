@@ -34,11 +34,11 @@ func TestRecordPrunesPartitions(t *testing.T) {
 	// Seven days back as well as the week ahead migrate made.
 	now := time.Now().UTC()
 	for d := 1; d <= 7; d++ {
-		if _, err := partition.Create(ctx, db.Executor(), tables, now.Truncate(24*time.Hour).Add(-time.Duration(d)*24*time.Hour), 24*time.Hour); err != nil {
+		if _, err := partition.Create(ctx, db.Executor(), tables, partition.Outbox, now.Truncate(24*time.Hour).Add(-time.Duration(d)*24*time.Hour), 24*time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}
-	parts, err := partition.List(ctx, db.Executor(), tables)
+	parts, err := partition.List(ctx, db.Executor(), tables, partition.Outbox)
 	if err != nil {
 		t.Fatal(err)
 	}

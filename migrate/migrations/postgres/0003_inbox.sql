@@ -17,9 +17,23 @@ CREATE TABLE {{.T "inbox"}} (
     event_type     text        NOT NULL,
     applied_at     timestamptz NOT NULL,
     PRIMARY KEY (consumer, tenant_id, event_id)
-);
--- Cleanup by age (never shorter than the replay window).
+){{if .PartitionedInbox}} PARTITION BY RANGE (event_id){{end}};
+-- Cleanup by age (never shorter than the replay window); on a partitioned
+-- inbox also the guard of a partition's drop (its newest claim per consumer).
 CREATE INDEX {{.I "inbox_applied_idx"}} ON {{.T "inbox"}} (consumer, applied_at);
+{{- if .PartitionedInbox}}
+-- Partitioned (migrate.WithPartitionedInbox, docs/PARTITIONING.md): range
+-- partitions of event_id, whose UUIDv7 time prefix makes each range an
+-- interval of event time; the primary key contains the partition key, so
+-- dedup (G4) holds over the whole table. Ids that are not UUIDv7s, or
+-- outside the ranges made, go to this default partition, never dropped.
+CREATE TABLE {{.T "inbox_default"}} PARTITION OF {{.T "inbox"}} DEFAULT;
+-- Evidence reads the inbox by event id alone (every consumer that applied
+-- an event): pruned to one partition, this index finds the rows there. It
+-- also makes the default partition's check before a range is created a
+-- range scan. (The plain inbox has no such index: that lookup scans it.)
+CREATE INDEX {{.I "inbox_event_idx"}} ON {{.T "inbox"}} (event_id);
+{{- end}}
 
 -- Per-aggregate cursor: the last sequence this consumer applied. Locked
 -- (FOR UPDATE) by the claim, so two instances cannot apply one aggregate
