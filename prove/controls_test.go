@@ -16,6 +16,7 @@ import (
 // redeliver and the database never recorded — while the same crash
 // under the real consumer (db-crash, TestDBCrash) loses none.
 func TestInboxAckBeforeCommitDBCrash(t *testing.T) {
+	parallelUnlessRace(t)
 	needPGServer(t)
 	pg := testenv.PostgresURL(t)
 	rep, err := Run(context.Background(), small(WithPostgres(pg), WithScenarios("control-inbox-ack-before-commit-db-crash"))...)

@@ -2,6 +2,7 @@ package prove
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -17,8 +18,11 @@ func TestMain(m *testing.M) {
 		// Re-executed as a relay subprocess by the relay-sigkill scenario.
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 		err := RunWorker(ctx)
+		signalled := ctx.Err() != nil // before stop, which cancels ctx
 		stop()
-		if err != nil && ctx.Err() == nil {
+		if err != nil && !signalled {
+			// The parent keeps this output (a node's log file) for its error.
+			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 		os.Exit(0)
@@ -31,4 +35,20 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
 		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
 	)...)
+}
+
+// parallelUnlessRace runs t beside the package's other parallel tests
+// (go test's -parallel, GOMAXPROCS by default), except under the race
+// detector. These tests mostly wait — on lease expiries, kills, restarts
+// and settle loops (the package used about 0.8 of one core over a
+// sequential run) — and run one after another they took 11 minutes, more
+// than go test's default 10-minute limit for `go test ./...`. Under -race
+// they use the CPU they wait on, so CI's -race run keeps them sequential
+// (with its own -timeout). A test that sets the environment (t.Setenv) or
+// counts directories other tests make stays sequential: those run before
+// any parallel one starts.
+func parallelUnlessRace(t *testing.T) {
+	if !raceEnabled {
+		t.Parallel()
+	}
 }

@@ -18,6 +18,7 @@ import (
 // applicable on SQLite with its reason, the MySQL column is not
 // applicable with its reason, and everything that ran passed.
 func TestMatrixTwoStacks(t *testing.T) {
+	parallelUnlessRace(t)
 	pg := testenv.PostgresURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

@@ -17,6 +17,7 @@ import (
 // Postgres' WAL) not available. The database outage cuts the relays'
 // connections to MariaDB through the fault proxy.
 func TestMySQLMatrix(t *testing.T) {
+	parallelUnlessRace(t)
 	u := testenv.MySQLURL(t)
 	rep, err := Run(context.Background(), small(WithDatabaseURL(u))...)
 	if err != nil {
@@ -54,6 +55,7 @@ func TestMySQLMatrix(t *testing.T) {
 // their SQL (INSERT IGNORE, ON DUPLICATE KEY UPDATE, the SELECT … FOR
 // UPDATE fence check) is MySQL's own there.
 func TestMySQLReferencePipeline(t *testing.T) {
+	parallelUnlessRace(t)
 	u := testenv.MySQLURL(t)
 	rep, err := Run(context.Background(), small(WithDatabaseURL(u), WithReferenceRelay(), WithReferenceInbox(),
 		WithScenarios("concurrent-relays", "sequence-gap-reorder", "poison-parking", "control-mark-before-ack", "control-non-atomic-inbox"))...)

@@ -50,10 +50,27 @@ type nodeProc struct {
 // running node to be routed to the others and current with the meta leader.
 const procClusterReady = 30 * time.Second
 
+// startProcCluster starts the three node processes and waits until they
+// are ready. The plan's ports are found free here and bound by the node processes
+// later: on a busy machine another process can take one in between (as
+// the local port of an outgoing connection), and that node never becomes
+// ready. A start that fails is retried on fresh ports, up to three times.
 func startProcCluster(argv []string) (*procCluster, error) {
 	if len(argv) == 0 {
 		return nil, fmt.Errorf("prove: nats node processes need a worker command")
 	}
+	var err error
+	for try := 1; try <= 3; try++ {
+		var pc *procCluster
+		if pc, err = startProcClusterOnce(argv); err == nil {
+			return pc, nil
+		}
+		err = fmt.Errorf("start %d of 3: %w", try, err)
+	}
+	return nil, err
+}
+
+func startProcClusterOnce(argv []string) (*procCluster, error) {
 	pc := &procCluster{proxies: map[[2]int]*faultproxy.Proxy{}, argv: argv}
 	plan, err := natsembed.PlanCluster(clusterNodes, "ferry-prove-procs", routeProxies(pc.proxies))
 	if err != nil {

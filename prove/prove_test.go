@@ -76,6 +76,7 @@ func assertMatrix(t *testing.T, rep *Report, allowUnavailable map[string]bool) {
 // TestEmbeddedMatrix runs every scenario on the embedded stack: zero
 // violations for the real ones, at least one for each negative control.
 func TestEmbeddedMatrix(t *testing.T) {
+	parallelUnlessRace(t)
 	rep, err := Run(context.Background(), small()...)
 	if err != nil {
 		t.Fatal(err)
@@ -143,6 +144,7 @@ func TestEmbeddedMatrix(t *testing.T) {
 // TestSeedReproduces: the same seed gives the same deterministic figures;
 // another seed gives another workload.
 func TestSeedReproduces(t *testing.T) {
+	parallelUnlessRace(t)
 	names := []string{"sequence-gap-reorder", "consumer-ack-loss", "poison-parking"}
 	run := func(seed int64, names ...string) *Report {
 		rep, err := Run(context.Background(), small(WithSeed(seed), WithScenarios(names...))...)
@@ -175,6 +177,7 @@ func TestSeedReproduces(t *testing.T) {
 // TestBrokenBuildCaught: removing a safety mechanism from the pipeline makes
 // the real scenario meant to catch it fail.
 func TestBrokenBuildCaught(t *testing.T) {
+	parallelUnlessRace(t)
 	cases := []struct {
 		broken, scenario string
 		figure           func(Figures) int
@@ -205,6 +208,7 @@ func TestBrokenBuildCaught(t *testing.T) {
 // TestReferenceRelay runs the relay scenarios with prove's own reference
 // relay, whose in-process stall does cross lease expiry and must be fenced.
 func TestReferenceRelay(t *testing.T) {
+	parallelUnlessRace(t)
 	rep, err := Run(context.Background(), small(WithReferenceRelay(), WithScenarios("concurrent-relays", "control-mark-before-ack"))...)
 	if err != nil {
 		t.Fatal(err)
@@ -218,6 +222,7 @@ func TestReferenceRelay(t *testing.T) {
 // TestPostgresAndSystemNATS runs a subset against Postgres and the
 // system NATS server.
 func TestPostgresAndSystemNATS(t *testing.T) {
+	parallelUnlessRace(t)
 	pg := testenv.PostgresURL(t)
 	nats := testenv.NATSURL(t)
 	rep, err := Run(context.Background(), small(WithPostgres(pg), WithBroker(nats), WithScenarios(
@@ -244,6 +249,7 @@ func TestPostgresAndSystemNATS(t *testing.T) {
 // fault proxy), and the controls whose loss only the broker's committed
 // offsets tell apart from a slow consumer.
 func TestKafka(t *testing.T) {
+	parallelUnlessRace(t)
 	rep, err := Run(context.Background(), small(WithBroker("kafka://kfake"), WithScenarios(
 		"relay-crash-after-publish", "duplicate-delivery", "broker-outage", "inbox-sigkill",
 		kafkaLeaderMove, kafkaBrokerDown, "control-mark-before-ack", "control-non-atomic-inbox"))...)
@@ -274,6 +280,7 @@ func TestKafka(t *testing.T) {
 // TestRabbitMQ runs a subset against the RabbitMQ server through
 // broker/rabbitmq (including the outage through the fault proxy).
 func TestRabbitMQ(t *testing.T) {
+	parallelUnlessRace(t)
 	rep, err := Run(context.Background(), small(WithBroker(testenv.RabbitMQURL(t)), WithScenarios(
 		"consumer-ack-loss", "duplicate-delivery", "broker-outage", rabbitConnDrop, rabbitChannelClose,
 		"control-inline-effect", "cleanup-guarded"))...)
@@ -327,6 +334,7 @@ func TestLeakDetectorFindsCanaries(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
+	parallelUnlessRace(t)
 	var out bytes.Buffer
 	d, err := RunDemo(context.Background(), &out, WithEvents(150), WithAggregates(10))
 	if err != nil {
@@ -347,6 +355,7 @@ func TestDemo(t *testing.T) {
 // stalled relay's late advance is fenced, and the rows were sent by a
 // watermark — read through the design's definition, never written.
 func TestSentWatermark(t *testing.T) {
+	parallelUnlessRace(t)
 	if _, err := Run(context.Background(), WithSentWatermark()); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "sent-watermark") {
 		t.Errorf("WithSentWatermark on SQLite: %v, want ErrInvalidConfig naming sent-watermark", err)
 	}

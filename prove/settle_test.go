@@ -13,6 +13,7 @@ import (
 // settle loop that stops when the pipeline stops moving reported the
 // events the slow consumer had not reached yet as lost.
 func TestSlowConsumerIsNotLoss(t *testing.T) {
+	parallelUnlessRace(t)
 	rep, err := Run(context.Background(), small(WithEvents(60), withSlowConsumer(4*time.Second),
 		WithScenarios("consumer-ack-loss", "inbox-sigkill"))...)
 	if err != nil {
@@ -31,6 +32,7 @@ func TestSlowConsumerIsNotLoss(t *testing.T) {
 // until its session expires, so the restarted consumer receives nothing
 // for seconds. That is slow, not lossy: inbox-sigkill must pass.
 func TestKafkaDynamicMemberIsNotLoss(t *testing.T) {
+	parallelUnlessRace(t)
 	rep, err := Run(context.Background(), small(WithEvents(60), WithBroker("kafka://kfake"), withKafkaDynamicMembership(),
 		WithDuration(90*time.Second), WithScenarios("inbox-sigkill"))...)
 	if err != nil {
@@ -65,6 +67,7 @@ func TestKafkaDynamicMemberIsNotLoss(t *testing.T) {
 // has not received is still in the broker: undelivered (a violation of its
 // own), never lost.
 func TestUndeliveredAtDeadlineIsNotLost(t *testing.T) {
+	parallelUnlessRace(t)
 	for _, broker := range []string{"", "kafka://kfake"} {
 		opts := small(WithEvents(60), withSlowConsumer(time.Minute), WithDuration(3*time.Second), WithScenarios("producer-rollback"))
 		if broker != "" {

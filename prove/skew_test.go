@@ -13,6 +13,7 @@ import (
 // nothing is lost or reordered; a row published twice had its late mark
 // fenced.
 func TestRelayClockSkew(t *testing.T) {
+	parallelUnlessRace(t)
 	for name, stack := range map[string]func(t *testing.T) []Option{
 		"sqlite":   func(*testing.T) []Option { return nil },
 		"postgres": func(t *testing.T) []Option { return []Option{WithPostgres(testenv.PostgresURL(t))} },

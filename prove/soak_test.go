@@ -16,6 +16,7 @@ import (
 // and a fault every 2 s: the rows are there, every fault kind fired, every
 // process was sampled at both ends, and the checker passed.
 func TestSoakShortRun(t *testing.T) {
+	parallelUnlessRace(t)
 	if testing.Short() {
 		t.Skip("soak: 20 s")
 	}
@@ -157,6 +158,7 @@ func runBrokerSoak(t *testing.T, want []string, opts ...Option) *SoakReport {
 // scenarios' faults — partition leaders moved, a broker taken away and
 // added back — next to the process faults and the outage.
 func TestSoakKfakeBrokerFaults(t *testing.T) {
+	parallelUnlessRace(t)
 	rep := runBrokerSoak(t, []string{soakRelayKill, soakInboxKill, soakOutage, kafkaLeaderMove, kafkaBrokerDown}, WithBroker("kafka://kfake"))
 	for _, fl := range rep.Faults {
 		if fl.Kind == kafkaLeaderMove && !strings.Contains(fl.Note, "partition leader moves") ||
@@ -169,7 +171,7 @@ func TestSoakKfakeBrokerFaults(t *testing.T) {
 // TestSoakNATSClusterFaults: on prove's NATS cluster the rotation has the
 // leader kill and the partition.
 func TestSoakNATSClusterFaults(t *testing.T) {
-	t.Setenv("TMPDIR", t.TempDir())
+	parallelUnlessRace(t) // its cluster's directory is held by ownerdir; no test here counts them then
 	runBrokerSoak(t, []string{soakRelayKill, soakInboxKill, soakClusterKill, soakClusterCut}, WithBroker(BrokerNATSCluster))
 }
 
@@ -178,6 +180,7 @@ func TestSoakNATSClusterFaults(t *testing.T) {
 // a relay subprocess to report the closed channel (through its status
 // file), so it firing without "failed" shows that report arrives.
 func TestSoakRabbitMQBrokerFaults(t *testing.T) {
+	parallelUnlessRace(t)
 	rep := runBrokerSoak(t, []string{soakRelayKill, soakInboxKill, soakOutage, rabbitConnDrop, rabbitChannelClose}, WithBroker(testenv.RabbitMQURL(t)))
 	for _, fl := range rep.Faults {
 		if fl.Kind == rabbitChannelClose && !strings.Contains(fl.Note, "held as destination missing") {

@@ -145,13 +145,17 @@ CROSS JOIN LATERAL (
          ORDER BY o.shard, o.id%[6]s)
         UNION ALL
         (SELECT * FROM %[1]s o
-         WHERE o.shard = s.shard AND o.status = 'retry' AND o.next_attempt_at <= now() AND %[3]s
+         WHERE o.shard = s.shard AND o.status = 'retry' AND o.next_attempt_at <= now() AND o.id <> ALL($3::bigint[]) AND %[3]s
          ORDER BY o.id%[6]s)
     )%[8]s ORDER BY u.id LIMIT $2
 ) o`, outbox, blocking, notBlocked, cols, leases, armLimit, shareHead, shareTail)
 
-	// Acked rows from the retry arm are marked like today; acked rows from
-	// the pending arm are not written at all (the advance passes them).
+	// Acked rows from the retry arm are marked like today when the
+	// watermark is above them; acked rows from the pending arm, and retry
+	// rows above the watermark (claim.waits), are not written here: the
+	// advance passes them, making such retry rows 'pending' in the same
+	// statement — so a retry row is never sent ahead of an earlier row of
+	// its aggregate that was acked but not yet passed.
 	q.markSent = fmt.Sprintf(`%[6]sUPDATE %[1]s SET status = 'sent', published_at = now(), broker_receipt = m.receipt
 FROM %[3]s%[5]s
 WHERE `+p.byKey+` AND %[1]s.status = 'retry' AND %[4]s`,
@@ -227,6 +231,10 @@ held AS (
     UPDATE %[1]s o SET status = 'retry', next_attempt_at = now()
     WHERE o.id = ANY(ARRAY(SELECT id FROM unacked)) AND o.status = 'pending'
     RETURNING o.shard
+),
+revived AS (
+    UPDATE %[1]s o SET status = 'pending' FROM ok
+    WHERE o.id = ANY($3::bigint[]) AND o.status = 'retry' AND o.shard = ok.shard AND o.id <= ok.upto
 ),
 recent AS (
     UPDATE %[8]s h SET sent_up_to = ok.upto, at = now() FROM ok
@@ -378,7 +386,7 @@ func (r *Relay) advance(ctx context.Context, shards []int, batch []claimed, acke
 	}
 	for i := range batch {
 		c := &batch[i]
-		if c.retry {
+		if c.retry && !c.waits {
 			continue
 		}
 		s := c.ev.Shard

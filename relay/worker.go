@@ -31,8 +31,13 @@ type claimed struct {
 	// otherwise); the marks match on it.
 	createdAt *time.Time
 	// WithSentWatermark: retry is a row of the claim's retry arm (marked
-	// sent explicitly when acked); snap is the claim's snapshot.
+	// sent explicitly when acked); snap is the claim's snapshot. waits is
+	// a retry row above its shard's watermark at the claim: an earlier row
+	// of its aggregate may be acked but not yet passed by the watermark,
+	// so it is not marked sent when acked but passed with them by the
+	// advance (which makes it 'pending' again in the same statement).
 	retry bool
+	waits bool
 	snap  string
 }
 
@@ -218,6 +223,7 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 				return fmt.Errorf("relay: claim: row %d has a bad event_id: %w", c.id, err)
 			}
 			e.ID, e.AggregateSeq, e.SchemaVersion, e.Shard = id, seq, int(ver), int(shard)
+			c.waits = c.retry && c.id > wm
 			e.OccurredAt = e.OccurredAt.UTC()
 			c.attempts = int(attempts)
 			c.fence = fences[e.Shard]
@@ -406,7 +412,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) (err error)
 			continue
 		}
 		res := results[i]
-		if res.Err == nil && wmAcked != nil && !c.retry {
+		if res.Err == nil && wmAcked != nil && (!c.retry || c.waits) {
 			wmAcked[i] = true
 			r.m.latency.Observe(acked.Sub(c.ev.OccurredAt).Seconds())
 			if res.Receipt.Duplicate {
@@ -415,7 +421,7 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) (err error)
 			}
 		}
 		if res.Err == nil {
-			if wmAcked == nil || c.retry {
+			if wmAcked == nil || c.retry && !c.waits {
 				sent = append(sent, sentRow{ID: c.id, Fence: c.fence, Receipt: res.Receipt.String(), CreatedAt: c.createdAt})
 				sentIdx = append(sentIdx, i)
 			}

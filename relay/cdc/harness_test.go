@@ -191,11 +191,12 @@ func (h *harness) start(pub broker.Publisher, extra ...cdc.Option) (*cdc.Relay, 
 	return r, stop
 }
 
-// slotState reads the slot's confirmed position (0 when the slot is absent).
+// confirmed is the slot's confirmed position: 0 before the slot exists and
+// while it is being created (confirmed_flush_lsn is NULL until then).
 func (h *harness) confirmed(ctx context.Context) pglogrepl.LSN {
 	h.t.Helper()
 	var lsn pglogrepl.LSN
-	err := h.s.Pool.QueryRow(ctx, `SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, h.slot).Scan(&lsn)
+	err := h.s.Pool.QueryRow(ctx, `SELECT COALESCE(confirmed_flush_lsn, '0/0') FROM pg_replication_slots WHERE slot_name = $1`, h.slot).Scan(&lsn)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		h.t.Fatal(err)
 	}
