@@ -223,7 +223,7 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 				return fmt.Errorf("relay: claim: row %d has a bad event_id: %w", c.id, err)
 			}
 			e.ID, e.AggregateSeq, e.SchemaVersion, e.Shard = id, seq, int(ver), int(shard)
-			c.waits = c.retry && c.id > wm
+			c.waits = c.retry && c.id > wm && !r.cfg.noRetryWait
 			e.OccurredAt = e.OccurredAt.UTC()
 			c.attempts = int(attempts)
 			c.fence = fences[e.Shard]
