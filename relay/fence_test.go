@@ -155,16 +155,7 @@ func fenceScenario(t *testing.T, newStore func(testing.TB, int, ...outbox.Option
 
 	// A is frozen: its lease lapses.
 	waitFor(t, 10*time.Second, "A's lease to expire", func() bool {
-		rows, err := s.db.Executor().Query(context.Background(), `SELECT count(*) FROM ferry_relay_leases WHERE shard = 0 AND expires_at <= now()`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		var c int64
-		for rows.Next() {
-			_ = rows.Scan(&c)
-		}
-		return c == 1
+		return s.scalar(t, `SELECT count(*) FROM ferry_relay_leases WHERE shard = 0 AND expires_at <= now()`) == 1
 	})
 
 	// B takes over and publishes; it pauses before marking too, so that
@@ -230,17 +221,7 @@ func fenceScenario(t *testing.T, newStore func(testing.TB, int, ...outbox.Option
 		// open anywhere in the cluster at B's claim still runs (another
 		// package's tests share the server); B's idle cycles advance again.
 		waitFor(t, 30*time.Second, "B's watermark to pass its rows", func() bool {
-			rows, err := s.db.Executor().Query(context.Background(),
-				`SELECT count(*) FROM ferry_relay_leases l WHERE l.shard = 0 AND l.sent_up_to >= (SELECT max(id) FROM ferry_outbox)`)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rows.Close()
-			var c int64
-			for rows.Next() {
-				_ = rows.Scan(&c)
-			}
-			return c == 1
+			return s.scalar(t, `SELECT count(*) FROM ferry_relay_leases l WHERE l.shard = 0 AND l.sent_up_to >= (SELECT max(id) FROM ferry_outbox)`) == 1
 		})
 	}
 	if err := stopB(); err != nil {
@@ -254,18 +235,7 @@ func fenceScenario(t *testing.T, newStore func(testing.TB, int, ...outbox.Option
 
 func leaseFence(t *testing.T, s *store) int64 {
 	t.Helper()
-	rows, err := s.db.Executor().Query(context.Background(), `SELECT fence FROM ferry_relay_leases WHERE shard = 0`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var f int64
-	for rows.Next() {
-		if err := rows.Scan(&f); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return f
+	return s.scalar(t, `SELECT fence FROM ferry_relay_leases WHERE shard = 0`)
 }
 
 // recvWithin receives from ch, failing the test after 30 s: a relay whose

@@ -260,7 +260,13 @@ func (s *store) rows(t testing.TB) map[string]rowStatus {
 
 func (s *store) count(t testing.TB, status string) int {
 	t.Helper()
-	rows, err := s.db.Executor().Query(context.Background(), `SELECT count(*) FROM ferry_outbox WHERE `+s.statusCol()+` = $1`, status)
+	return int(s.scalar(t, `SELECT count(*) FROM ferry_outbox WHERE `+s.statusCol()+` = $1`, status))
+}
+
+// scalar runs a query returning one integer (0 when it returns no row).
+func (s *store) scalar(t testing.TB, q string, args ...any) int64 {
+	t.Helper()
+	rows, err := s.db.Executor().Query(context.Background(), q, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +277,10 @@ func (s *store) count(t testing.TB, status string) int {
 			t.Fatal(err)
 		}
 	}
-	return int(n)
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // natsEnv is a JetStream server (embedded or the system one) with a

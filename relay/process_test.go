@@ -225,16 +225,7 @@ func (s *store) ownedBy(t testing.TB, owner string) int {
 	if owner == "" {
 		q = `SELECT count(*) FROM ferry_relay_leases WHERE (owner = $1 OR expires_at <= now())`
 	}
-	rows, err := s.db.Executor().Query(context.Background(), q, owner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var c int64
-	for rows.Next() {
-		_ = rows.Scan(&c)
-	}
-	return int(c)
+	return int(s.scalar(t, q, owner))
 }
 
 // owners lists instances holding live leases.

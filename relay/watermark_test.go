@@ -383,15 +383,7 @@ func TestWatermarkRetryWaitsForEarlierRows(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.cfg.noRetryWait = control
-			var vmu sync.Mutex
-			var violations []string
-			r.cfg.afterMark = func(string) {
-				if v := orderViolations(t, s); len(v) > 0 {
-					vmu.Lock()
-					violations = append(violations, v...)
-					vmu.Unlock()
-				}
-			}
+			seen := watchOrder(t, s, r)
 			runRelay(t, r)
 			waitFor(t, 20*time.Second, "the retried event on the broker", func() bool {
 				mu.Lock()
@@ -404,17 +396,14 @@ func TestWatermarkRetryWaitsForEarlierRows(t *testing.T) {
 				return f && seen[1] && seen[2] && seen[3] && r.Status().Retries > 0
 			})
 			time.Sleep(300 * time.Millisecond) // a few cycles: the retried row's mark, if any
-			vmu.Lock()
-			got := len(violations)
-			vmu.Unlock()
 			if control {
-				if got == 0 {
+				if len(seen()) == 0 {
 					t.Fatal("negative control: the retried row marked sent on its ack showed no violation; the test does not exercise the wait")
 				}
 				return
 			}
-			if got > 0 {
-				t.Fatalf("a later event read as sent ahead of an earlier one: %v", violations)
+			if v := seen(); len(v) > 0 {
+				t.Fatalf("a later event read as sent ahead of an earlier one: %v", v)
 			}
 			if sent := s.count(t, "sent"); sent != 0 {
 				t.Fatalf("%d rows read as sent while the transaction holds the watermark, want 0", sent)
@@ -423,10 +412,8 @@ func TestWatermarkRetryWaitsForEarlierRows(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitFor(t, 20*time.Second, "every row sent once the transaction ended", func() bool { return s.count(t, "sent") == len(want)+1 })
-			vmu.Lock()
-			defer vmu.Unlock()
-			if len(violations) > 0 {
-				t.Fatalf("a later event read as sent ahead of an earlier one: %v", violations)
+			if v := seen(); len(v) > 0 {
+				t.Fatalf("a later event read as sent ahead of an earlier one: %v", v)
 			}
 		})
 	}
