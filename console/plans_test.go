@@ -8,68 +8,23 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/ops"
 )
-
-// recorder keeps the statements ops sends through a recDB.
-type recorder struct {
-	mu    sync.Mutex
-	stmts []recorded
-}
-
-type recorded struct {
-	sql  string
-	args []any
-	took time.Duration // until Query returned (the first rows), or Exec
-}
-
-func (r *recorder) add(sql string, args []any, took time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.stmts = append(r.stmts, recorded{sql, append([]any(nil), args...), took})
-}
-
-func (r *recorder) take() []recorded {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.stmts
-	r.stmts = nil
-	return out
-}
 
 // recDB is a real database whose executor also records each statement
 // (transactions are not recorded: no page runs one).
 type recDB struct {
 	ops.DB
-	rec *recorder
+	rec *testenv.Recorder
 }
 
-func (d recDB) Executor() driver.Executor { return recExec{d.DB.Executor(), d.rec} }
-
-type recExec struct {
-	driver.Executor
-	rec *recorder
-}
-
-func (x recExec) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	t0 := time.Now()
-	n, err := x.Executor.Exec(ctx, sql, args...)
-	x.rec.add(sql, args, time.Since(t0))
-	return n, err
-}
-
-func (x recExec) Query(ctx context.Context, sql string, args ...any) (driver.Rows, error) {
-	t0 := time.Now()
-	rows, err := x.Executor.Query(ctx, sql, args...)
-	x.rec.add(sql, args, time.Since(t0))
-	return rows, err
-}
+func (d recDB) Executor() driver.Executor { return d.rec.Wrap(d.DB.Executor()) }
 
 // TestConsolePagePlans: every page of the scale benchmark (200,000-row
 // outbox by default, FERRY_SCALE_ROWS overrides; 10% dead), through the
@@ -129,7 +84,7 @@ func TestConsolePagePlansPartitioned(t *testing.T) {
 func checkPagePlans(t testing.TB, e *env, pages []scalePage) {
 	t.Helper()
 	ctx := context.Background()
-	rec := &recorder{}
+	rec := &testenv.Recorder{}
 	o, err := ops.New(recDB{e.db, rec}, ops.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
@@ -166,20 +121,20 @@ func checkPagePlans(t testing.TB, e *env, pages []scalePage) {
 		return false
 	}
 	for _, p := range pages {
-		rec.take()
+		rec.Take()
 		if code, body, _ := call(t, &pe, "GET", p.path, viewerToken, nil); code != 200 {
 			t.Fatalf("%s: %d %s", p.path, code, body)
 		}
-		for _, st := range rec.take() {
+		for _, st := range rec.Take() {
 			if p.name == "overview" {
-				t.Logf("overview statement took %s: %.160s", st.took.Round(10*time.Microsecond), strings.Join(strings.Fields(st.sql), " "))
+				t.Logf("overview statement took %s: %.160s", st.Took.Round(10*time.Microsecond), strings.Join(strings.Fields(st.SQL), " "))
 			}
-			if !strings.Contains(st.sql, "ferry_outbox") {
+			if !strings.Contains(st.SQL, "ferry_outbox") {
 				continue
 			}
-			rows, err := e.pg.Pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+st.sql, st.args...)
+			rows, err := e.pg.Pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+st.SQL, st.Args...)
 			if err != nil {
-				t.Fatalf("%s: explain %s: %v", p.name, st.sql, err)
+				t.Fatalf("%s: explain %s: %v", p.name, st.SQL, err)
 			}
 			var plan []string
 			for rows.Next() {
@@ -191,15 +146,15 @@ func checkPagePlans(t testing.TB, e *env, pages []scalePage) {
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil {
-				t.Fatalf("%s: explain %s: %v", p.name, st.sql, err)
+				t.Fatalf("%s: explain %s: %v", p.name, st.SQL, err)
 			}
 			checked++
 			text := strings.Join(plan, "\n")
 			if seqScanned(text) {
-				t.Errorf("%s: sequential scan of the outbox:\n%s\n%s", p.name, st.sql, text)
+				t.Errorf("%s: sequential scan of the outbox:\n%s\n%s", p.name, st.SQL, text)
 			}
 			if p.name == "overview" || strings.HasPrefix(p.name, "dead_") {
-				t.Logf("%s:\n%s\n%s", p.name, st.sql, text)
+				t.Logf("%s:\n%s\n%s", p.name, st.SQL, text)
 			}
 		}
 	}

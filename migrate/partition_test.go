@@ -61,22 +61,7 @@ func TestPartitionedOutbox(t *testing.T) {
 		t.Fatalf("another interval: %v", err)
 	}
 
-	// A plain outbox is not converted by Up.
-	plain := pgxv5.New(testenv.NewPostgresSchema(t).Pool)
-	if _, err := migrate.Up(ctx, plain, tables); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := migrate.Up(ctx, plain, tables, migrate.WithPartitionedOutbox(time.Hour)); !errors.As(err, &ce) || !strings.Contains(ce.Reason, "plain table") {
-		t.Fatalf("plain outbox: %v", err)
-	}
-	for _, d := range []driver.Dialect{driver.SQLite, driver.MySQL} {
-		if _, err := migrate.Load(d, tables, migrate.WithPartitionedOutbox(time.Hour)); !errors.As(err, &ce) || ce.Field != "partitioned_outbox" {
-			t.Errorf("%s: %v", d, err)
-		}
-	}
-	if _, err := migrate.Load(driver.Postgres, tables, migrate.WithPartitionedOutbox(time.Millisecond)); !errors.As(err, &ce) || ce.Field != "partitioned_outbox" {
-		t.Errorf("1ms: %v", err)
-	}
+	checkPartitionRefusals(t, tables, "partitioned_outbox", migrate.WithPartitionedOutbox)
 }
 
 // hourlyAhead lists tb's partitions and checks they are contiguous, an
@@ -235,22 +220,7 @@ VALUES ('c', 't', $1, '\x00', 'a', '2', 1, 'e', now())`, ahead); err != nil {
 	if _, err := migrate.Up(ctx, db, tables, migrate.WithPartitionedInbox(24*time.Hour)); !errors.As(err, &ce) || ce.Field != "partitioned_inbox" || !strings.Contains(ce.Reason, "partitioned by 1h0m0s") {
 		t.Fatalf("another interval: %v", err)
 	}
-	// A plain inbox is not converted by Up.
-	plain := pgxv5.New(testenv.NewPostgresSchema(t).Pool)
-	if _, err := migrate.Up(ctx, plain, tables); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := migrate.Up(ctx, plain, tables, migrate.WithPartitionedInbox(time.Hour)); !errors.As(err, &ce) || ce.Field != "partitioned_inbox" || !strings.Contains(ce.Reason, "plain table") {
-		t.Fatalf("plain inbox: %v", err)
-	}
-	for _, d := range []driver.Dialect{driver.SQLite, driver.MySQL} {
-		if _, err := migrate.Load(d, tables, migrate.WithPartitionedInbox(time.Hour)); !errors.As(err, &ce) || ce.Field != "partitioned_inbox" {
-			t.Errorf("%s: %v", d, err)
-		}
-	}
-	if _, err := migrate.Load(driver.Postgres, tables, migrate.WithPartitionedInbox(time.Millisecond)); !errors.As(err, &ce) || ce.Field != "partitioned_inbox" {
-		t.Errorf("1ms: %v", err)
-	}
+	checkPartitionRefusals(t, tables, "partitioned_inbox", migrate.WithPartitionedInbox)
 	// Both tables partitioned at once.
 	both := pgxv5.New(testenv.NewPostgresSchema(t).Pool)
 	if _, err := migrate.Up(ctx, both, tables, migrate.WithPartitionedOutbox(24*time.Hour), migrate.WithPartitionedInbox(24*time.Hour)); err != nil {
@@ -347,4 +317,27 @@ WHERE l.pid = pg_backend_pid() AND c.relname IN ('ferry_inbox', 'ferry_inbox_def
 		t.Fatalf("control: CREATE TABLE … PARTITION OF holds %v", control)
 	}
 	t.Logf("creating a range holds %v; CREATE TABLE … PARTITION OF holds %v", got, control)
+}
+
+// checkPartitionRefusals: a partitioned table is chosen when the table is
+// first created, on Postgres, with an interval of at least a second —
+// anything else is a *ferry.ConfigError naming field.
+func checkPartitionRefusals(t *testing.T, tables ferry.Tables, field string, with func(time.Duration) migrate.Option) {
+	t.Helper()
+	var ce *ferry.ConfigError
+	plain := pgxv5.New(testenv.NewPostgresSchema(t).Pool) // not converted by Up
+	if _, err := migrate.Up(context.Background(), plain, tables); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate.Up(context.Background(), plain, tables, with(time.Hour)); !errors.As(err, &ce) || ce.Field != field || !strings.Contains(ce.Reason, "plain table") {
+		t.Fatalf("%s on a plain table: %v", field, err)
+	}
+	for _, d := range []driver.Dialect{driver.SQLite, driver.MySQL} {
+		if _, err := migrate.Load(d, tables, with(time.Hour)); !errors.As(err, &ce) || ce.Field != field {
+			t.Errorf("%s on %s: %v", field, d, err)
+		}
+	}
+	if _, err := migrate.Load(driver.Postgres, tables, with(time.Millisecond)); !errors.As(err, &ce) || ce.Field != field {
+		t.Errorf("%s of 1ms: %v", field, err)
+	}
 }

@@ -327,33 +327,33 @@ SELECT 'c' || (g % 3), 'acme', gen_random_uuid(), '\x00', 'order', 'v' || g, 1, 
 		if ev, err := o.Evidence(ctx, id.String(), ops.KindEventID); err != nil || len(ev.Events) != 1 || len(ev.Events[0].Applied) != 1 {
 			t.Fatalf("evidence of %s: %+v %v", id, ev, err)
 		}
-		evidence := rec.take()
+		evidence := rec.Take()
 		if _, err := o.Status(ctx); err != nil {
 			t.Fatal(err)
 		}
-		status := rec.take()
+		status := rec.Take()
 		for _, c := range []struct {
 			what  string
-			stmts []recorded
+			stmts []testenv.Statement
 		}{{"evidence", evidence}, {"status", status}} {
 			n := 0
 			for _, st := range c.stmts {
-				if !inboxTable.MatchString(st.sql) || strings.Contains(st.sql, "information_schema") {
+				if !inboxTable.MatchString(st.SQL) || strings.Contains(st.SQL, "information_schema") {
 					continue
 				}
 				n++
-				seq, scanned := inboxScans(t, pg.Pool, st.sql, st.args...)
+				seq, scanned := inboxScans(t, pg.Pool, st.SQL, st.Args...)
 				switch {
 				case !partitioned:
-					if c.what == "evidence" && strings.Contains(st.sql, "event_id = $1") {
+					if c.what == "evidence" && strings.Contains(st.SQL, "event_id = $1") {
 						if len(seq) == 0 {
 							t.Errorf("control: the plain inbox's evidence lookup is not a sequential scan: %v", scanned)
 						}
 						t.Logf("control (plain inbox): evidence lookup by event id: %v", scanned)
 					}
 				case len(seq) > 0:
-					t.Errorf("%s: sequential scans of %v\n%s", c.what, seq, st.sql)
-				case c.what == "evidence" && strings.Contains(st.sql, "event_id = $1") && len(scanned) != 1:
+					t.Errorf("%s: sequential scans of %v\n%s", c.what, seq, st.SQL)
+				case c.what == "evidence" && strings.Contains(st.SQL, "event_id = $1") && len(scanned) != 1:
 					t.Errorf("evidence lookup reads %d inbox partitions (%v), want 1", len(scanned), scanned)
 				case c.what == "evidence":
 					t.Logf("evidence: %v", scanned)

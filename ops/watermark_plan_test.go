@@ -6,55 +6,20 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/ferryhq/ferry/driver"
+	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/ops"
 )
 
-// recordDB records every statement run through its executor.
+// recordDB is a real database whose executor also records each statement.
 type recordDB struct {
 	ops.DB
-	mu    sync.Mutex
-	stmts []recorded
+	testenv.Recorder
 }
 
-type recorded struct {
-	sql  string
-	args []any
-}
-
-func (r *recordDB) Executor() driver.Executor { return recordExec{r.DB.Executor(), r} }
-
-func (r *recordDB) take() []recorded {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.stmts
-	r.stmts = nil
-	return out
-}
-
-type recordExec struct {
-	driver.Executor
-	r *recordDB
-}
-
-func (x recordExec) add(sql string, args []any) {
-	x.r.mu.Lock()
-	x.r.stmts = append(x.r.stmts, recorded{sql, args})
-	x.r.mu.Unlock()
-}
-
-func (x recordExec) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	x.add(sql, args)
-	return x.Executor.Exec(ctx, sql, args...)
-}
-
-func (x recordExec) Query(ctx context.Context, sql string, args ...any) (driver.Rows, error) {
-	x.add(sql, args)
-	return x.Executor.Query(ctx, sql, args...)
-}
+func (r *recordDB) Executor() driver.Executor { return r.Wrap(r.DB.Executor()) }
 
 // outboxReads is what EXPLAIN (ANALYZE, BUFFERS) says a statement read:
 // the outbox rows its scans visited (returned, or removed by a filter or
@@ -147,10 +112,10 @@ FROM generate_series(0, %[4]d) s`, tn("relay_leases"), tn("outbox"), wmBelow, sh
 	if err != nil {
 		t.Fatal(err)
 	}
-	outboxStatements := func() []recorded {
-		var out []recorded
-		for _, s := range rec.take() {
-			if strings.Contains(s.sql, tn("outbox")) && !strings.Contains(s.sql, "information_schema") {
+	outboxStatements := func() []testenv.Statement {
+		var out []testenv.Statement
+		for _, s := range rec.Take() {
+			if strings.Contains(s.SQL, tn("outbox")) && !strings.Contains(s.SQL, "information_schema") {
 				out = append(out, s)
 			}
 		}
@@ -162,10 +127,10 @@ FROM generate_series(0, %[4]d) s`, tn("relay_leases"), tn("outbox"), wmBelow, sh
 	check := func(what string) {
 		t.Helper()
 		for _, s := range outboxStatements() {
-			r := explainOutboxReads(t, e, s.sql, s.args...)
+			r := explainOutboxReads(t, e, s.SQL, s.Args...)
 			t.Logf("%s: %d outbox rows visited, %d buffers", what, r.rows, r.buffers)
 			if r.rows > 5_000 {
-				t.Errorf("%s visits %d outbox rows of %d (199,000 of them sent):\n%s\n%s", what, r.rows, rows, s.sql, r.plan)
+				t.Errorf("%s visits %d outbox rows of %d (199,000 of them sent):\n%s\n%s", what, r.rows, rows, s.SQL, r.plan)
 			}
 		}
 	}

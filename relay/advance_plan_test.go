@@ -87,7 +87,7 @@ ON CONFLICT (shard) DO UPDATE SET owner = excluded.owner, fence = excluded.fence
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, removed, plan := advanceWork(t, s, q.advance, "plan", string(cand), acked)
+	rows, removed, plan := advanceWork(t, s, q.advance, "plan", string(cand), acked, []int64{})
 	t.Logf("advance: %.0f rows produced over all loops, %.0f read and removed", rows, removed)
 	if !strings.Contains(plan, `"Relation Name": "ferry_outbox"`) {
 		t.Fatalf("advance plan does not touch the outbox:\n%s", plan)
@@ -97,7 +97,7 @@ ON CONFLICT (shard) DO UPDATE SET owner = excluded.owner, fence = excluded.fence
 	}
 	// The held rows: the advance run for real holds exactly the 500.
 	var held int64
-	r, err := s.pool.Query(ctx, q.advance, "plan", string(cand), acked)
+	r, err := s.pool.Query(ctx, q.advance, "plan", string(cand), acked, []int64{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ held AS (
 	if old == q.advance {
 		t.Fatal("negative control: the advance's held rows were not found to replace")
 	}
-	orows, oremoved, _ := advanceWork(t, s, old, "plan", string(cand), acked)
+	orows, oremoved, _ := advanceWork(t, s, old, "plan", string(cand), acked, []int64{})
 	t.Logf("control (join from the outbox, NOT EXISTS over the acked ids): %.0f rows produced, %.0f removed", orows, oremoved)
 	if orows+oremoved < 10*(rows+removed) {
 		t.Errorf("negative control: the old advance did %.0f rows of work against %.0f: the statistics did not mislead it, so this test shows nothing", orows+oremoved, rows+removed)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/ferryhq/ferry"
@@ -169,7 +170,8 @@ WHERE `+p.byKey+` AND %[1]s.status IN ('pending', 'retry') AND %[4]s`,
 
 	// The advance: $1 owner, $2 the candidates [{shard, fence, upto,
 	// snap}] (one per claim the watermark has not passed), $3 the acked
-	// ids above the watermarks. Per shard: the target is the highest upto
+	// ids above the watermarks, $4 those of them that are 'retry' rows
+	// (claimed.waits; usually none), made 'pending' as they are passed. Per shard: the target is the highest upto
 	// among its candidates whose snapshot's transactions have all ended
 	// (pg_visible_in_snapshot in this statement's snapshot: a row one of
 	// them committed is visible here). Per shard whose lease still holds
@@ -234,7 +236,7 @@ held AS (
 ),
 revived AS (
     UPDATE %[1]s o SET status = 'pending' FROM ok
-    WHERE o.id = ANY($3::bigint[]) AND o.status = 'retry' AND o.shard = ok.shard AND o.id <= ok.upto
+    WHERE o.id = ANY($4::bigint[]) AND o.status = 'retry' AND o.shard = ok.shard AND o.id <= ok.upto
 ),
 recent AS (
     UPDATE %[8]s h SET sent_up_to = ok.upto, at = now() FROM ok
@@ -273,6 +275,7 @@ func schemaOf(t ferry.Tables) string {
 type shardWM struct {
 	fence int64    // the lease this belongs to; another fence drops it
 	acked []int64  // acked ids above sent_up_to
+	waits []int64  // those of acked that are 'retry' rows (claimed.waits)
 	cands []wmCand // claims not yet passed, oldest first (upto nondecreasing)
 }
 
@@ -294,6 +297,7 @@ func (st *shardWM) top() int64 {
 // passed drops what the watermark wm now covers — acked ids and claims
 // at or below it — and returns how many acked rows that was.
 func (st *shardWM) passed(wm int64) int {
+	st.waits = slices.DeleteFunc(st.waits, func(id int64) bool { return id <= wm })
 	keep := st.acked[:0]
 	for _, id := range st.acked {
 		if id > wm {
@@ -404,6 +408,9 @@ func (r *Relay) advance(ctx context.Context, shards []int, batch []claimed, acke
 		cd.upto = max(cd.upto, c.id)
 		if acked[i] {
 			st.acked = append(st.acked, c.id)
+			if c.waits {
+				st.waits = append(st.waits, c.id)
+			}
 		}
 	}
 	for _, s := range shards {
@@ -412,13 +419,14 @@ func (r *Relay) advance(ctx context.Context, shards []int, batch []claimed, acke
 		}
 	}
 	var targets []target
-	var ids []int64
+	var ids, waits []int64
 	for _, s := range order {
 		st := r.wm[s]
 		for _, cd := range st.cands {
 			targets = append(targets, target{Shard: s, Fence: st.fence, Upto: cd.upto, Snap: cd.snap})
 		}
 		ids = append(ids, st.acked...)
+		waits = append(waits, st.waits...)
 	}
 	r.mu.Unlock()
 	if len(targets) == 0 {
@@ -428,7 +436,7 @@ func (r *Relay) advance(ctx context.Context, shards []int, batch []claimed, acke
 	if err != nil {
 		return err
 	}
-	rows, err := r.db.Executor().Query(ctx, r.q.advance, r.cfg.instance, p, ids)
+	rows, err := r.db.Executor().Query(ctx, r.q.advance, r.cfg.instance, p, ids, waits)
 	if err != nil {
 		return fmt.Errorf("relay: advance watermark: %w", err)
 	}
