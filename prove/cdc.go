@@ -19,6 +19,11 @@ import (
 // start-from-current-WAL control).
 const cdcRestarts = 6
 
+// cdcHoldAt is how many of the start-from-current-WAL control's
+// transactions commit before its workload waits for the first relay to go
+// down (env.cdcFirstDown).
+const cdcHoldAt = 10
+
 // The CDC relay builds a scenario runs (workerJob.Broken for the
 // subprocess).
 const (
@@ -84,10 +89,13 @@ func startCDCRelay(ctx context.Context, wg *sync.WaitGroup, e *env, startFromCur
 			if i == 0 && startFromCurrentWAL {
 				// The control's first relay goes down once it has sent a
 				// row: the workload, held back until the relay streams,
-				// has then just started. A lifetime counted from the
-				// slot's creation let a 100-event workload end before the
-				// first kill, and the control showed nothing (once in a
-				// full local run).
+				// has then just started, and it stops after cdcHoldAt
+				// transactions until this relay is down. A lifetime
+				// counted from the slot's creation let a 100-event
+				// workload end before the first kill (once in a full
+				// local run); without the hold, a relay slow to stream
+				// (-race, a loaded CI) published all 100 in its first
+				// batch, and the control showed nothing.
 				waitSlot(ctx, e, 60*time.Second)
 				waitCount(ctx, e, 10*time.Second, 1, `SELECT COUNT(*) FROM ferry_outbox WHERE status = 'sent'`)
 				life = 0
@@ -110,6 +118,9 @@ func startCDCRelay(ctx context.Context, wg *sync.WaitGroup, e *env, startFromCur
 			cancel()
 			if err := <-done; err != nil && ctx.Err() == nil {
 				e.rec.err(err)
+			}
+			if i == 0 && e.cdcFirstDown != nil {
+				close(e.cdcFirstDown)
 			}
 			if startFromCurrentWAL && i < cdcRestarts {
 				// The control must skip something: it stays down until a

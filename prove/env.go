@@ -55,6 +55,11 @@ type env struct {
 	stopping     bool                // a subprocess relay freezes itself (concurrent-relays)
 	stoppedRelay atomic.Bool         // the frozen subprocess relay reported back
 	settleWAL    string              // CDC scenarios: pg_current_wal_lsn() when settling began
+	// cdcFirstDown is closed once the start-from-current-WAL control's
+	// first relay is down; that control's workload waits for it after
+	// cdcHoldAt transactions, so the rest commit while no relay streams
+	// (what the broken restart skips) however slow the relay is to start.
+	cdcFirstDown chan struct{}
 
 	// pubVia is the host:port relays connect through (the fault proxy of
 	// the outage scenario), or "" for direct.

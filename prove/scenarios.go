@@ -387,6 +387,9 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	// reference inbox.
 	e.realInbox = !cfg.referenceInbox && !sc.nonAtomic && !sc.ackEarly
 	e.sentWatermark = cfg.sentWatermark
+	if sc.cdcCurrentWAL {
+		e.cdcFirstDown = make(chan struct{})
+	}
 	if sc.leakage {
 		e.logs = &syncBuffer{}
 		e.log = slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -576,6 +579,13 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		perrCh <- produce(runCtx, db, w, p, cfg.producers, func() {
 			sleepCtx(runCtx, sc.throttle)
 			n := txDone.Add(1)
+			if e.cdcFirstDown != nil && n >= cdcHoldAt {
+				select {
+				case <-e.cdcFirstDown:
+				case <-runCtx.Done():
+				case <-time.After(60 * time.Second):
+				}
+			}
 			prog.update("producing %d/%d transactions, %d faults fired", n, total, e.faults.Load())
 		})
 	}()
