@@ -2,7 +2,6 @@ package ops
 
 import (
 	"context"
-	"encoding/hex"
 	"fmt"
 	"sort"
 	"strings"
@@ -184,6 +183,9 @@ func (o *Ops) Evidence(ctx context.Context, q string, kind EvidenceKind) (Eviden
 		return Evidence{}, &ArgError{Field: "query", Reason: "must be 1..512 bytes"}
 	}
 	ev := Evidence{Query: q, Kind: kind}
+	// An event's inbox claims, read once when the lookup by event id
+	// needed them to find the event and reused for its evidence.
+	claims := map[string][]Applied{}
 	var ids []string
 	var err error
 	try := func(k EvidenceKind) (bool, error) {
@@ -196,7 +198,7 @@ func (o *Ops) Evidence(ctx context.Context, q string, kind EvidenceKind) (Eviden
 				}
 				return false, nil
 			}
-			found, err := o.eventMentioned(ctx, u.String())
+			found, err := o.eventMentioned(ctx, u.String(), claims)
 			if err != nil || !found {
 				return false, err
 			}
@@ -250,7 +252,7 @@ func (o *Ops) Evidence(ctx context.Context, q string, kind EvidenceKind) (Eviden
 	}
 	missing := map[string]bool{}
 	for _, id := range ids {
-		e, err := o.eventEvidence(ctx, id, missing)
+		e, err := o.eventEvidence(ctx, id, missing, claims)
 		if err != nil {
 			return ev, err
 		}
@@ -266,8 +268,9 @@ func (o *Ops) Evidence(ctx context.Context, q string, kind EvidenceKind) (Eviden
 	return ev, nil
 }
 
-// eventMentioned reports whether the outbox or the inbox knows event id.
-func (o *Ops) eventMentioned(ctx context.Context, id string) (bool, error) {
+// eventMentioned reports whether the outbox or the inbox knows event id;
+// the inbox claims it read go into claims.
+func (o *Ops) eventMentioned(ctx context.Context, id string, claims map[string][]Applied) (bool, error) {
 	exec := o.db.Executor()
 	var n int64
 	if err := queryRow(ctx, exec, fmt.Sprintf(`SELECT count(*) FROM %s WHERE event_id = $1`, o.t("outbox")), []any{id}, &n); err != nil {
@@ -282,6 +285,17 @@ func (o *Ops) eventMentioned(ctx context.Context, id string) (bool, error) {
 			return false, err
 		}
 		if !ok {
+			continue
+		}
+		if tbl == "inbox" {
+			applied, err := o.inboxClaims(ctx, exec, id)
+			if err != nil {
+				return false, err
+			}
+			claims[id] = applied
+			if len(applied) > 0 {
+				return true, nil
+			}
 			continue
 		}
 		if err := queryRow(ctx, exec, fmt.Sprintf(`SELECT count(*) FROM %s WHERE event_id = $1`, o.t(tbl)), []any{id}, &n); err != nil {
@@ -347,7 +361,7 @@ func (o *Ops) correlated(ctx context.Context, corr string) ([]string, error) {
 	return ids, rows.Err()
 }
 
-func (o *Ops) eventEvidence(ctx context.Context, id string, missing map[string]bool) (EventEvidence, error) {
+func (o *Ops) eventEvidence(ctx context.Context, id string, missing map[string]bool, claims map[string][]Applied) (EventEvidence, error) {
 	exec := o.db.Executor()
 	e := EventEvidence{EventID: id, Applied: []Applied{}, Parked: []ParkedEvidence{}, Effects: []EffectEvidence{}, Audit: []AuditEntrySketch{}}
 	cols, err := o.outboxReadCols(ctx, exec)
@@ -401,25 +415,14 @@ func (o *Ops) eventEvidence(ctx context.Context, id string, missing map[string]b
 	} else if !ok {
 		missing["inbox"] = true
 	} else {
-		rows, err := exec.Query(ctx, fmt.Sprintf(`SELECT consumer, tenant_id, applied_at, fingerprint FROM %s WHERE event_id = $1 ORDER BY consumer, tenant_id`, o.t("inbox")), id)
-		if err != nil {
-			return e, fmt.Errorf("ops: evidence inbox: %w", err)
-		}
-		for rows.Next() {
-			var a Applied
-			var at nullTime
-			var fp []byte
-			if err := rows.Scan(&a.Consumer, &a.TenantID, &at, &fp); err != nil {
-				rows.Close()
+		applied, read := claims[id]
+		if !read {
+			var err error
+			if applied, err = o.inboxClaims(ctx, exec, id); err != nil {
 				return e, err
 			}
-			a.AppliedAt, a.Fingerprint = at.Time, hex.EncodeToString(fp)
-			e.Applied = append(e.Applied, a)
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return e, err
-		}
+		e.Applied = append(e.Applied, applied...)
 	}
 	if ok, err := o.tableExists(ctx, exec, "inbox_parked"); err != nil {
 		return e, err

@@ -31,7 +31,8 @@ CREATE TABLE {{.T "inbox_default"}} PARTITION OF {{.T "inbox"}} DEFAULT;
 -- Evidence reads the inbox by event id alone (every consumer that applied
 -- an event): pruned to one partition, this index finds the rows there. It
 -- also makes the default partition's check before a range is created a
--- range scan. (The plain inbox has no such index: that lookup scans it.)
+-- range scan. (The plain inbox has no such index: ops walks its key's
+-- (consumer, tenant_id) pairs instead, docs/PARTITIONING.md.)
 CREATE INDEX {{.I "inbox_event_idx"}} ON {{.T "inbox"}} (event_id);
 {{- end}}
 
