@@ -192,31 +192,40 @@ func (r *Relay) cycle(ctx context.Context, limit int) (more bool, err error) {
 // out of order, and such a cursor skips the late ones forever.
 func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, per int) ([]claimed, bool, error) {
 	exec := r.db.Executor()
-	var out []claimed
+	// Sized for a full claim: growing a slice of claimed (each holds an
+	// event) as rows arrive was a tenth of the relay's CPU in a drain.
+	out := make([]claimed, 0, per*len(shards))
 	more := false
+	// One row's scan targets, built once: c is reset before each row and
+	// copied into out after it (a slice of 20-odd pointers and a claimed
+	// escaping per row otherwise).
+	var c claimed
+	var eid string
+	var seq, ver, shard, attempts, wm int64
+	var createdAt time.Time
+	e := &c.ev
+	h := &e.Headers
+	dest := []any{&c.id, &eid, &e.TenantID, &e.AggregateType, &e.AggregateID, &seq, &e.EventType, &ver,
+		&e.Topic, &shard, &e.ContentType, &e.Payload, &e.OccurredAt, &h.Traceparent, &h.CorrelationID, &h.CausationID,
+		&h.Principal, &h.Action, &h.Target, &attempts}
+	if r.q.partitioned {
+		dest = append(dest, &createdAt)
+	}
+	if r.q.watermark {
+		dest = append(dest, &c.retry, &wm, &c.snap)
+	}
 	scan := func(rows driver.Rows) error {
 		defer rows.Close()
 		counts := map[int]int{}
 		var tenantCounts map[tenantShard]int // WithTenantShare
 		for rows.Next() {
-			var c claimed
-			var eid string
-			var seq, ver, shard, attempts int64
-			e := &c.ev
-			h := &e.Headers
-			dest := []any{&c.id, &eid, &e.TenantID, &e.AggregateType, &e.AggregateID, &seq, &e.EventType, &ver,
-				&e.Topic, &shard, &e.ContentType, &e.Payload, &e.OccurredAt, &h.Traceparent, &h.CorrelationID, &h.CausationID,
-				&h.Principal, &h.Action, &h.Target, &attempts}
-			if r.q.partitioned {
-				c.createdAt = new(time.Time)
-				dest = append(dest, c.createdAt)
-			}
-			var wm int64
-			if r.q.watermark {
-				dest = append(dest, &c.retry, &wm, &c.snap)
-			}
+			c = claimed{}
 			if err := rows.Scan(dest...); err != nil {
 				return fmt.Errorf("relay: claim: scan: %w", err)
+			}
+			if r.q.partitioned {
+				at := createdAt
+				c.createdAt = &at
 			}
 			id, err := uuid.Parse(eid)
 			if err != nil {

@@ -180,6 +180,16 @@ func (e *DecodeError) Is(target error) bool { return target == ErrNotCloudEvent 
 // Encode panics if b is not a defined Binding (a programming error, like
 // an invalid regexp literal); it never looks at b's validity otherwise.
 func Encode(b Binding, ev ferry.Event, opts EncodeOptions) (headers map[string]string, body []byte) {
+	h := make(map[string]string, 16)
+	body = EncodeTo(b, &ev, opts, func(name, value string) { h[name] = value })
+	return h, body
+}
+
+// EncodeTo is Encode writing each header through set, once per name, in a
+// fixed order, instead of into a map: a publisher fills its client's own
+// header type directly (it runs for every published event). It returns
+// the body, ev.Payload.
+func EncodeTo(b Binding, ev *ferry.Event, opts EncodeOptions, set func(name, value string)) (body []byte) {
 	if !b.Valid() {
 		panic(fmt.Sprintf("cloudevents: Encode with undefined binding %d", int(b)))
 	}
@@ -192,36 +202,33 @@ func Encode(b Binding, ev ferry.Event, opts EncodeOptions) (headers map[string]s
 		ct = ferry.DefaultContentType
 	}
 	k := &encodeKeys[b]
-	h := make(map[string]string, 16)
-	h[k.specVersion] = SpecVersion
-	h[k.id] = ev.ID.String()
-	h[k.source] = source
-	h[k.typ] = ev.EventType
-	h[k.subject] = ev.AggregateID
-	h[k.time] = ev.OccurredAt.UTC().Format(time.RFC3339Nano)
-	h[ContentTypeHeader] = ct
-	h[k.sequence] = strconv.FormatInt(ev.AggregateSeq, 10)
-	h[k.partitionKey] = ferry.AggregateKey(ev.TenantID, ev.AggregateType, ev.AggregateID)
-	h[k.tenantID] = ev.TenantID
-	h[k.aggregateType] = ev.AggregateType
-	h[k.schemaVersion] = strconv.Itoa(ev.SchemaVersion)
+	set(k.specVersion, SpecVersion)
+	set(k.id, ev.ID.String())
+	set(k.source, source)
+	set(k.typ, ev.EventType)
+	set(k.subject, ev.AggregateID)
+	set(k.time, ev.OccurredAt.UTC().Format(time.RFC3339Nano))
+	set(ContentTypeHeader, ct)
+	set(k.sequence, strconv.FormatInt(ev.AggregateSeq, 10))
+	set(k.partitionKey, ferry.AggregateKey(ev.TenantID, ev.AggregateType, ev.AggregateID))
+	set(k.tenantID, ev.TenantID)
+	set(k.aggregateType, ev.AggregateType)
+	set(k.schemaVersion, strconv.Itoa(ev.SchemaVersion))
 	opt := func(name, v string) {
 		if v != "" {
-			h[name] = v
+			set(name, v)
 		}
 	}
 	opt(k.traceparent, ev.Headers.Traceparent)
-	if ev.Headers.Traceparent != "" {
-		// Also under the W3C name, unprefixed, which the standard
-		// OpenTelemetry instrumentations of every broker client read.
-		h[TraceparentHeader] = ev.Headers.Traceparent
-	}
+	// Also under the W3C name, unprefixed, which the standard
+	// OpenTelemetry instrumentations of every broker client read.
+	opt(TraceparentHeader, ev.Headers.Traceparent)
 	opt(k.correlationID, ev.Headers.CorrelationID)
 	opt(k.causationID, ev.Headers.CausationID)
 	opt(k.principal, ev.Headers.Principal)
 	opt(k.action, ev.Headers.Action)
 	opt(k.target, ev.Headers.Target)
-	return h, ev.Payload
+	return ev.Payload
 }
 
 // Decode reconstructs a ferry.Event from a binary-mode message of binding b.

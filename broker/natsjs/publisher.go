@@ -252,6 +252,10 @@ func (p *Publisher) Publish(ctx context.Context, events []ferry.Event) []broker.
 // idHeader is the CloudEvents id header of the NATS binding.
 var idHeader = cloudevents.NATS.Header(cloudevents.AttrID)
 
+// maxHeaders bounds the headers cloudevents.EncodeTo writes (twelve
+// required, the traceparent twice, five optional).
+const maxHeaders = 19
+
 func (p *Publisher) send(ctx context.Context, ev *ferry.Event, subject string) (jetstream.PubAckFuture, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, broker.NewError(broker.ClassNotSent, fmt.Errorf("natsjs: not sent: %w", err))
@@ -259,17 +263,21 @@ func (p *Publisher) send(ctx context.Context, ev *ferry.Event, subject string) (
 	if err := checkSubject(subject); err != nil {
 		return nil, broker.NewError(broker.ClassPermanent, err)
 	}
-	headers, body := cloudevents.Encode(cloudevents.NATS, *ev, cloudevents.EncodeOptions{Source: p.source})
-	msg := &nats.Msg{Subject: subject, Data: body, Header: make(nats.Header, len(headers)+1)}
-	// One backing array for every header's value slice (one allocation,
-	// not one per header: this runs for every published event).
-	vals := make([]string, 0, len(headers))
-	for k, v := range headers {
+	// Straight into the message's header map, with one backing array for
+	// every header's value slice (not a map, a copy and one slice per
+	// header: this runs for every published event).
+	msg := &nats.Msg{Subject: subject, Header: make(nats.Header, maxHeaders)}
+	vals := make([]string, 0, maxHeaders)
+	var msgID string
+	msg.Data = cloudevents.EncodeTo(cloudevents.NATS, ev, cloudevents.EncodeOptions{Source: p.source}, func(k, v string) {
 		vals = append(vals, v)
 		msg.Header[k] = vals[len(vals)-1 : len(vals) : len(vals)]
-	}
+		if k == idHeader {
+			msgID = v
+		}
+	})
 	paf, err := p.js.PublishMsgAsync(msg,
-		jetstream.WithMsgID(headers[idHeader]), // the event id, as Encode formatted it
+		jetstream.WithMsgID(msgID), // the event id, as Encode formatted it
 		// A retry after "no responders" would re-send this message after
 		// later ones: keep order, let the relay retry the whole event.
 		jetstream.WithRetryAttempts(0),
