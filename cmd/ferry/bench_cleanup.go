@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -26,6 +27,7 @@ import (
 
 type benchCleanupFlags struct {
 	dbURL   string
+	table   string // --table: outbox or inbox
 	rows    int
 	payload int
 	rounds  int
@@ -36,7 +38,7 @@ func newBenchCleanupCmd() *cobra.Command {
 	f := &benchCleanupFlags{}
 	cmd := &cobra.Command{
 		Use:   "cleanup",
-		Short: "Cleanup of a day's sent rows: batched DELETE on a plain outbox against dropping the partition of a partitioned one (#17)",
+		Short: "Cleanup of a day's sent rows (or inbox claims): batched DELETE on a plain table against dropping the partition of a partitioned one (#17)",
 		Long: `For each mode, in a scratch schema of the Postgres database (dropped
 afterwards): fills the outbox server-side with --rows sent rows, then runs
 ferry's cleanup (7-day retention; the rows were created and published 8 days
@@ -52,6 +54,12 @@ shows there).
   partition   the outbox partitioned by day (migrate.WithPartitionedOutbox):
               the partition holding the rows is checked, detached and dropped
 
+--table inbox does the same for the inbox: --rows claims of 5 consumers,
+applied 8 days ago, of events whose UUIDv7 ids are of that day (the range
+partition of migrate.WithPartitionedInbox), while a consumer claims one new
+event every 2 ms; the partition's drop is guarded (no claim in it applied
+inside the retention).
+
 Modes alternate for --rounds rounds; medians are printed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -61,6 +69,9 @@ Modes alternate for --rounds rounds; medians are printed.`,
 			if !strings.HasPrefix(f.dbURL, "postgres") {
 				return errors.New("--database-url: bench cleanup runs on Postgres (postgres://…)")
 			}
+			if f.table != "outbox" && f.table != "inbox" {
+				return fmt.Errorf("--table must be outbox or inbox, not %q", f.table)
+			}
 			if f.rows < 1 || f.rows > 50_000_000 || f.payload < 2 || f.rounds < 1 || f.rounds > 20 {
 				return errors.New("--rows must be in 1..50000000, --payload-bytes >= 2, --rounds in 1..20")
 			}
@@ -68,7 +79,8 @@ Modes alternate for --rounds rounds; medians are printed.`,
 		},
 	}
 	cmd.Flags().StringVar(&f.dbURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "Postgres URL (a scratch schema is created in it)")
-	cmd.Flags().IntVar(&f.rows, "rows", 1_000_000, "sent rows to clean up")
+	cmd.Flags().StringVar(&f.table, "table", "outbox", "the table cleaned up: outbox (sent rows) or inbox (claims)")
+	cmd.Flags().IntVar(&f.rows, "rows", 1_000_000, "sent rows (inbox: claims) to clean up")
 	cmd.Flags().IntVar(&f.payload, "payload-bytes", 300, "payload size")
 	cmd.Flags().IntVar(&f.rounds, "rounds", 1, "interleaved rounds of both modes")
 	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print every round as JSON")
@@ -77,6 +89,7 @@ Modes alternate for --rounds rounds; medians are printed.`,
 
 // cleanupRound is one mode's figures in one round.
 type cleanupRound struct {
+	Table           string  `json:"table"`
 	Mode            string  `json:"mode"`
 	Rows            int     `json:"rows"`
 	PrefillSeconds  float64 `json:"prefill_seconds"`
@@ -111,8 +124,8 @@ func runBenchCleanup(ctx context.Context, out io.Writer, f *benchCleanupFlags) e
 			}
 			rounds = append(rounds, res)
 			if !f.asJSON {
-				fmt.Fprintf(out, "round %d %-9s cleanup %6.2f s (exclusive lock %.1f ms), WAL %s, size %s -> %s, vacuum after %5.2f s / WAL %s, producer p50 %.1f p99 %.1f max %.1f ms (%d commits), load %s\n",
-					r+1, m, res.CleanupSeconds, res.ExclusiveMillis, mib(res.CleanupWALBytes), mib(res.SizeBeforeBytes), mib(res.SizeAfterBytes),
+				fmt.Fprintf(out, "round %d %s %-9s cleanup %6.2f s (exclusive lock %.1f ms), WAL %s, size %s -> %s, vacuum after %5.2f s / WAL %s, producer p50 %.1f p99 %.1f max %.1f ms (%d commits), load %s\n",
+					r+1, f.table, m, res.CleanupSeconds, res.ExclusiveMillis, mib(res.CleanupWALBytes), mib(res.SizeBeforeBytes), mib(res.SizeAfterBytes),
 					res.VacuumSeconds, mib(res.VacuumWALBytes), res.ProducerP50ms, res.ProducerP99ms, res.ProducerMaxms, res.ProducerCommits, res.Load)
 			}
 		}
@@ -129,7 +142,7 @@ func runBenchCleanup(ctx context.Context, out io.Writer, f *benchCleanupFlags) e
 				sec, p99, mx, vac = append(sec, r.CleanupSeconds), append(p99, r.ProducerP99ms), append(mx, r.ProducerMaxms), append(vac, r.VacuumSeconds)
 			}
 		}
-		fmt.Fprintf(out, "median %-9s cleanup %.2f s, vacuum after %.2f s, producer p99 %.1f ms, max %.1f ms\n", m, median(sec), median(vac), median(p99), median(mx))
+		fmt.Fprintf(out, "median %s %-9s cleanup %.2f s, vacuum after %.2f s, producer p99 %.1f ms, max %.1f ms\n", f.table, m, median(sec), median(vac), median(p99), median(mx))
 	}
 	return nil
 }
@@ -137,7 +150,8 @@ func runBenchCleanup(ctx context.Context, out io.Writer, f *benchCleanupFlags) e
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 func benchCleanupRound(ctx context.Context, f *benchCleanupFlags, mode string) (cleanupRound, error) {
-	res := cleanupRound{Mode: mode, Rows: f.rows}
+	res := cleanupRound{Table: f.table, Mode: mode, Rows: f.rows}
+	inbox := f.table == "inbox"
 	schema := "ferry_bench_" + benchRandHex()
 	pool, drop, err := benchPGScratch(ctx, f.dbURL, schema, func(c *pgxpool.Config) { c.MaxConns = 8 })
 	if err != nil {
@@ -147,7 +161,14 @@ func benchCleanupRound(ctx context.Context, f *benchCleanupFlags, mode string) (
 	drv := pgxv5.New(pool)
 	tables := ferry.Tables{}
 	var mopts []migrate.Option
-	if mode == "partition" {
+	table, part := "outbox", partition.Outbox
+	switch {
+	case inbox && mode == "partition":
+		mopts = append(mopts, migrate.WithPartitionedInbox(24*time.Hour))
+		table, part = "inbox", partition.Inbox
+	case inbox:
+		table = "inbox"
+	case mode == "partition":
 		mopts = append(mopts, migrate.WithPartitionedOutbox(24*time.Hour))
 	}
 	if _, err := migrate.Up(ctx, drv, tables, mopts...); err != nil {
@@ -158,16 +179,26 @@ func benchCleanupRound(ctx context.Context, f *benchCleanupFlags, mode string) (
 	// and the ones ahead, where the producer below writes).
 	day := time.Now().UTC().Truncate(24 * time.Hour).Add(-8 * 24 * time.Hour)
 	if mode == "partition" {
-		if _, err := partition.Create(ctx, drv.Executor(), tables, partition.Outbox, day, 24*time.Hour); err != nil {
+		if _, err := partition.Create(ctx, drv.Executor(), tables, part, day, 24*time.Hour); err != nil {
 			return res, err
 		}
 	}
 	t0 := time.Now()
-	if err := statebench.Prefill(ctx, pool, tables, statebench.Fill{Topic: "bench.order", Marked: f.rows, Aggregates: 1000,
-		PayloadBytes: f.payload, MarkedStatus: true, At: day.Add(time.Hour)}); err != nil {
+	if inbox {
+		// Claims of events with UUIDv7 ids of that day (a 48-bit
+		// millisecond prefix, the version nibble, the rest unique), so
+		// they land in the day's range.
+		_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (consumer, tenant_id, event_id, fingerprint, aggregate_type, aggregate_id, aggregate_seq, event_type, applied_at)
+SELECT 'c' || (g %% 5), 't', (lpad(to_hex((extract(epoch FROM $1::timestamptz) * 1000)::bigint + g %% 3600000), 12, '0') || '7' || substr(md5(g::text), 1, 19))::uuid,
+    '\x00', 'order', 'o' || (g %% 1000), g, 'order.created', $1::timestamptz FROM generate_series(1, $2::int) g`, tables.Name("inbox")), day.Add(time.Hour), f.rows)
+	} else {
+		err = statebench.Prefill(ctx, pool, tables, statebench.Fill{Topic: "bench.order", Marked: f.rows, Aggregates: 1000,
+			PayloadBytes: f.payload, MarkedStatus: true, At: day.Add(time.Hour)})
+	}
+	if err != nil {
 		return res, err
 	}
-	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) `+tables.Name("outbox")); err != nil {
+	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) `+tables.Name(table)); err != nil {
 		return res, err
 	}
 	res.PrefillSeconds = time.Since(t0).Seconds()
@@ -175,9 +206,9 @@ func benchCleanupRound(ctx context.Context, f *benchCleanupFlags, mode string) (
 		var n int64
 		// pg_partition_tree lists a plain table as its only member too
 		// (level 0); a partitioned one with every partition.
-		err := pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree($1::regclass)`, tables.Name("outbox")).Scan(&n)
+		err := pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree($1::regclass)`, tables.Name(table)).Scan(&n)
 		if err == nil && n == 0 {
-			err = pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass)`, tables.Name("outbox")).Scan(&n)
+			err = pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass)`, tables.Name(table)).Scan(&n)
 		}
 		return n, err
 	}
@@ -198,7 +229,10 @@ func benchCleanupRound(ctx context.Context, f *benchCleanupFlags, mode string) (
 		return res, err
 	}
 
-	// The producer: one event per commit, every 2 ms, during the cleanup.
+	// The producer (inbox: a consumer's claim of a new event): one per
+	// commit, every 2 ms, during the cleanup.
+	claimQ := fmt.Sprintf(`INSERT INTO %s (consumer, tenant_id, event_id, fingerprint, aggregate_type, aggregate_id, aggregate_seq, event_type, applied_at)
+VALUES ('live', 't', $1, '\x00', 'order', $2, 1, 'order.created', now()) ON CONFLICT DO NOTHING`, tables.Name("inbox"))
 	pctx, stopProducer := context.WithCancel(ctx)
 	var mu sync.Mutex
 	var lat []time.Duration
@@ -216,8 +250,13 @@ func benchCleanupRound(ctx context.Context, f *benchCleanupFlags, mode string) (
 			case <-tick.C:
 			}
 			s := time.Now()
-			_, err := w.Insert(pctx, ferry.Event{TenantID: "t", AggregateType: "order", AggregateID: fmt.Sprintf("p-%d", i%100),
-				EventType: "order.created", SchemaVersion: 1, Payload: []byte(`{}`)})
+			var err error
+			if inbox {
+				_, err = pool.Exec(pctx, claimQ, uuid.Must(uuid.NewV7()), fmt.Sprintf("p-%d", i))
+			} else {
+				_, err = w.Insert(pctx, ferry.Event{TenantID: "t", AggregateType: "order", AggregateID: fmt.Sprintf("p-%d", i%100),
+					EventType: "order.created", SchemaVersion: 1, Payload: []byte(`{}`)})
+			}
 			if err != nil {
 				if pctx.Err() == nil {
 					mu.Lock()
@@ -256,22 +295,30 @@ func benchCleanupRound(ctx context.Context, f *benchCleanupFlags, mode string) (
 	}
 	res.CleanupWALBytes = l1 - l0
 	res.Removed = cres.Outbox + cres.OutboxPartitionRows
-	for _, p := range cres.OutboxPartitions {
+	drops := cres.OutboxPartitions
+	if inbox {
+		res.Removed, drops = cres.Inbox+cres.InboxPartitionRows, cres.InboxPartitions
+	}
+	for _, p := range drops {
 		res.ExclusiveMillis += p.ExclusiveMillis
 	}
 	if res.SizeAfterBytes, err = size(); err != nil {
 		return res, err
 	}
 	var left int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+tables.Name("outbox")+` WHERE event_type <> 'order.created'`).Scan(&left); err != nil {
+	leftQ := `SELECT count(*) FROM ` + tables.Name("outbox") + ` WHERE event_type <> 'order.created'`
+	if inbox {
+		leftQ = `SELECT count(*) FROM ` + tables.Name("inbox") + ` WHERE consumer <> 'live'`
+	}
+	if err := pool.QueryRow(ctx, leftQ).Scan(&left); err != nil {
 		return res, err
 	}
 	if left != 0 {
-		return res, fmt.Errorf("%d prefilled rows left after the cleanup: %+v", left, cres.OutboxPartitions)
+		return res, fmt.Errorf("%d prefilled rows left after the cleanup: %+v", left, drops)
 	}
 	// What the cleanup leaves for later: the VACUUM that reclaims it.
 	v0 := time.Now()
-	if _, err := pool.Exec(ctx, `VACUUM `+tables.Name("outbox")); err != nil {
+	if _, err := pool.Exec(ctx, `VACUUM `+tables.Name(table)); err != nil {
 		return res, err
 	}
 	res.VacuumSeconds = time.Since(v0).Seconds()
