@@ -50,6 +50,9 @@ type config struct {
 
 	referenceRelay bool // prove's own relay instead of package relay
 	sentWatermark  bool // package relay in the watermark design (Postgres)
+	// partitionInbox: every scenario's inbox is range-partitioned by
+	// event id in intervals of this length (migrate.WithPartitionedInbox).
+	partitionInbox time.Duration
 	referenceInbox bool // prove's own inbox instead of package inbox
 
 	// Tests of the settle logic: a consumer that is slow but correct must
@@ -148,6 +151,14 @@ func WithReferenceRelay() Option { return func(c *config) { c.referenceRelay = t
 // relay writes the status column.
 func WithSentWatermark() Option { return func(c *config) { c.sentWatermark = true } }
 
+// WithPartitionedInbox migrates every scenario's database with a
+// partitioned inbox (migrate.WithPartitionedInbox(interval): ranges of
+// UUIDv7 event ids, a default partition for the rest), so the consumers,
+// cleanup and evidence run on it. Postgres only.
+func WithPartitionedInbox(interval time.Duration) Option {
+	return func(c *config) { c.partitionInbox = interval }
+}
+
 // WithReferenceInbox runs prove's built-in reference consumer instead of
 // package inbox (a second implementation of the same contract).
 func WithReferenceInbox() Option { return func(c *config) { c.referenceInbox = true } }
@@ -188,6 +199,12 @@ func (c *config) validate() error {
 	}
 	if c.sentWatermark && c.postgresURL == "" {
 		return bad("sent-watermark", "needs Postgres (--database-url postgres://…): the watermark design relies on Postgres snapshots")
+	}
+	if c.partitionInbox != 0 && c.postgresURL == "" {
+		return bad("partition-inbox", "needs Postgres (--database-url postgres://…): only Postgres partitions the inbox")
+	}
+	if c.partitionInbox != 0 && c.partitionInbox < time.Second {
+		return bad("partition-inbox", fmt.Sprintf("must be at least 1s, got %s", c.partitionInbox))
 	}
 	if c.sentWatermark && c.referenceRelay {
 		return bad("sent-watermark", "cannot be combined with reference-relay: the reference relay writes the status column")

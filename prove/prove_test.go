@@ -349,6 +349,34 @@ func TestDemo(t *testing.T) {
 	}
 }
 
+// TestPartitionedInbox runs the inbox's scenarios on a partitioned inbox
+// (#17, WithPartitionedInbox): redeliveries, a SIGKILLed consumer, gap
+// parking and a guarded cleanup with its replay are absorbed as on a plain
+// inbox, the claims land in range partitions (not the default), and the
+// premature-cleanup control still applies a replayed event twice.
+func TestPartitionedInbox(t *testing.T) {
+	parallelUnlessRace(t)
+	if _, err := Run(context.Background(), WithPartitionedInbox(24*time.Hour)); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "partition-inbox") {
+		t.Errorf("WithPartitionedInbox on SQLite: %v, want ErrInvalidConfig naming partition-inbox", err)
+	}
+	pg := testenv.PostgresURL(t)
+	if _, err := Run(context.Background(), WithPostgres(pg), WithPartitionedInbox(time.Millisecond)); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "partition-inbox must be at least 1s") {
+		t.Errorf("WithPartitionedInbox(1ms): %v, want ErrInvalidConfig naming partition-inbox and its limit", err)
+	}
+	scenarios := []string{"duplicate-delivery", "sequence-gap-reorder", "inbox-sigkill", "cleanup-guarded", "control-premature-cleanup"}
+	rep, err := Run(context.Background(), small(WithPostgres(pg), WithPartitionedInbox(24*time.Hour), WithScenarios(scenarios...))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertMatrix(t, rep, nil)
+	for _, name := range scenarios {
+		r, _ := rep.Result(name)
+		if !strings.Contains(r.Note, "partitioned inbox: ") || strings.Contains(r.Note, "partitioned inbox: 0 claims in range partitions") {
+			t.Errorf("%s: the partitioned inbox was not exercised: note %q", name, r.Note)
+		}
+	}
+}
+
 // TestSentWatermark runs the relay's scenarios with package relay in the
 // watermark design (#17, WithSentWatermark): every guarantee holds as in
 // the status design, the mark-before-ack control still loses events, the

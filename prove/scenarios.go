@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/internal/faultproxy"
 )
 
@@ -681,6 +682,23 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		e.extraNote = strings.TrimPrefix(e.extraNote+fmt.Sprintf("; watermark design: %d rows sent by their shard's watermark, %d by their status", t.sentByWatermark, t.sentByStatus), "; ")
 		if t.sentByStatus > 0 && t.sentByWatermark == 0 { // (a cleanup may have deleted them all)
 			viol = append(viol, "watermark design: no row was sent by a watermark (the relay did not run in the design under test)")
+		}
+	}
+	if cfg.partitionInbox > 0 && e.db.dialect == driver.Postgres && e.realInbox {
+		// The inbox was partitioned: Ferry's UUIDv7 event ids must have
+		// been claimed in range partitions, or the partitioning was not
+		// exercised (every claim in the default partition).
+		var total, def int64
+		exec := e.db.drv.Executor()
+		if err := countInto(ctx, exec, `SELECT count(*) FROM ferry_inbox`, &total); err != nil {
+			return Figures{}, nil, "", nil, err
+		}
+		if err := countInto(ctx, exec, `SELECT count(*) FROM ferry_inbox_default`, &def); err != nil {
+			return Figures{}, nil, "", nil, err
+		}
+		e.extraNote = strings.TrimPrefix(e.extraNote+fmt.Sprintf("; partitioned inbox: %d claims in range partitions, %d in the default", total-def, def), "; ")
+		if total > 0 && def == total {
+			viol = append(viol, "partitioned inbox: every claim is in the default partition (no range partition was used)")
 		}
 	}
 	if e.extraNote != "" {

@@ -39,10 +39,12 @@ type stack struct {
 	amqpURL  string
 	broker   string // "nats", or the scheme of an unsupported broker
 	tmp      string
+	// partitionInbox: Postgres databases get a partitioned inbox.
+	partitionInbox time.Duration
 }
 
 func openStack(ctx context.Context, cfg *config) (*stack, error) {
-	st := &stack{pgURL: cfg.postgresURL, myURL: cfg.mysqlURL, broker: "nats"}
+	st := &stack{pgURL: cfg.postgresURL, myURL: cfg.mysqlURL, broker: "nats", partitionInbox: cfg.partitionInbox}
 	tmp, err := os.MkdirTemp("", "ferry-prove-")
 	if err != nil {
 		return nil, fmt.Errorf("prove: temp dir: %w", err)
@@ -143,6 +145,8 @@ type database struct {
 	schema   string // Postgres: the schema; MySQL: the database
 	adminURL string // Postgres: the URL without search_path; MySQL: the server URL
 	drop     func()
+	// migrate: options of the migration (WithPartitionedInbox).
+	migrate []migrate.Option
 }
 
 const proveShards = 8
@@ -188,6 +192,9 @@ func (st *stack) newDatabase(ctx context.Context, name string) (*database, error
 	}
 	db.SetMaxOpenConns(16)
 	d := &database{db: db, drv: databasesql.New(db, driver.Postgres), dialect: driver.Postgres, url: u.String(), schema: schema, adminURL: st.pgURL}
+	if st.partitionInbox > 0 {
+		d.migrate = append(d.migrate, migrate.WithPartitionedInbox(st.partitionInbox))
+	}
 	d.drop = func() {
 		_, _ = admin.ExecContext(context.Background(), fmt.Sprintf(`DROP SCHEMA %q CASCADE`, schema))
 		_ = admin.Close()
@@ -196,7 +203,7 @@ func (st *stack) newDatabase(ctx context.Context, name string) (*database, error
 }
 
 func (d *database) init(ctx context.Context) error {
-	if _, err := migrate.Up(ctx, d.drv, ferry.Tables{}); err != nil {
+	if _, err := migrate.Up(ctx, d.drv, ferry.Tables{}, d.migrate...); err != nil {
 		return fmt.Errorf("prove: migrate: %w", err)
 	}
 	return createProveSchema(ctx, d.drv.Executor(), proveShards)
