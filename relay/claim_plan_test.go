@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
@@ -77,9 +78,16 @@ func TestClaimPlanIgnoresStaleStatistics(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The first claim after the drain visits each dead claim-index entry
-	// once (and marks it dead); the next one reads almost nothing.
+	// once (and marks it dead); the next one reads almost nothing. An
+	// entry is marked only once its row is dead to every snapshot: a
+	// transaction open elsewhere in the cluster (another package's test)
+	// delays that, so the later claims are retried for a while.
 	first := explainClaim(t, s, q.claim)
 	got := explainClaim(t, s, q.claim)
+	for deadline := time.Now().Add(30 * time.Second); got.buffers > 2000 && time.Now().Before(deadline); {
+		time.Sleep(250 * time.Millisecond)
+		got = explainClaim(t, s, q.claim)
+	}
 	t.Logf("claim: indexes %v, %d buffers (first after the drain %d)", got.indexes, got.buffers, first.buffers)
 	if !containsSuffix(got.indexes, "outbox_claim_idx") || containsSuffix(got.indexes, "outbox_pkey") {
 		t.Errorf("claim scans %v; want outbox_claim_idx and not the primary key", got.indexes)
