@@ -285,10 +285,33 @@ func (p *tempServer) command(ctx context.Context, name string, args ...string) *
 	return c
 }
 
+// errExitedAtStart: the server process ended before it took a connection.
+var errExitedAtStart = errors.New("exited at start")
+
 // start runs the postmaster on the data directory and port and waits
 // until it accepts connections (crash recovery included), within 30 s
 // (a RabbitMQ node: until it takes an AMQP login, within rabbitBootLimit).
+// A server that exits at start is started again (at most 5 times within
+// the limit): a restart on the same port after a crash can find the port
+// briefly taken (the producers reconnecting to it all the while; a
+// loopback connect can be given the port it dials as its own and connect
+// to itself), and then the whole scenario failed on one bind.
 func (p *tempServer) start(ctx context.Context) error {
+	limit := 30 * time.Second
+	if p.kind == serverRabbitMQ {
+		limit = rabbitBootLimit
+	}
+	deadline := time.Now().Add(limit)
+	for attempt := 1; ; attempt++ {
+		err := p.startOnce(ctx, limit, deadline)
+		if !errors.Is(err, errExitedAtStart) || attempt == 5 || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		sleepCtx(ctx, 250*time.Millisecond)
+	}
+}
+
+func (p *tempServer) startOnce(ctx context.Context, limit time.Duration, deadline time.Time) error {
 	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("prove: temp %s log: %w", p.kind, err)
@@ -313,9 +336,8 @@ func (p *tempServer) start(ctx context.Context) error {
 			"--skip-grant-tables", "--skip-log-bin", "--innodb-flush-log-at-trx-commit=1", "--innodb-buffer-pool-size=32M", "--max-connections=200")
 	}
 	env := append(os.Environ(), "LC_ALL=C", "TZ=UTC")
-	limit := 30 * time.Second
 	if p.kind == serverRabbitMQ {
-		c, env, limit = exec.Command(rabbitServer()), append(env, p.rabbitEnv()...), rabbitBootLimit
+		c, env = exec.Command(rabbitServer()), append(env, p.rabbitEnv()...)
 	}
 	c.Dir, c.Env, c.Stdout, c.Stderr = p.dir, env, logf, logf
 	c.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -330,7 +352,6 @@ func (p *tempServer) start(ctx context.Context) error {
 		// beam.smp: one process, the parent-death signal kept).
 		_ = os.WriteFile(filepath.Join(p.dir, "server.pid"), []byte(strconv.Itoa(c.Process.Pid)+"\n"), 0o644)
 	}
-	deadline := time.Now().Add(limit)
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err = p.ping(pctx)
@@ -341,7 +362,7 @@ func (p *tempServer) start(ctx context.Context) error {
 		}
 		select {
 		case <-p.exited:
-			return fmt.Errorf("prove: temp %s on port %d exited at start: %s", p.kind, p.port, tail(p.log(), 600))
+			return fmt.Errorf("prove: temp %s on port %d %w: %s", p.kind, p.port, errExitedAtStart, tail(p.log(), 600))
 		default:
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {

@@ -4,6 +4,7 @@ package prove
 
 import (
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -254,4 +255,43 @@ func tempPGDirs(t *testing.T) map[string]bool {
 		}
 	}
 	return out
+}
+
+// TestTempServerRestartsWhenPortBrieflyTaken: a throwaway Postgres
+// restarted after its crash while something else holds its port for a
+// moment (a producer's reconnect given the port as its own) exits at
+// start; start runs it again until the port is free, instead of failing
+// the scenario on one bind (a db-crash run in CI: the server never came
+// back, and the workload gave up after 30 s).
+func TestTempServerRestartsWhenPortBrieflyTaken(t *testing.T) {
+	needPGServer(t)
+	p, err := startTempServer(context.Background(), serverPostgres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	if err := p.crash(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p.port))
+	if err != nil {
+		t.Fatalf("hold the port: %v", err)
+	}
+	released := make(chan struct{})
+	go func() {
+		time.Sleep(1500 * time.Millisecond)
+		_ = l.Close()
+		close(released)
+	}()
+	t0 := time.Now()
+	if err := p.start(context.Background()); err != nil {
+		t.Fatalf("restart with the port held for 1.5 s: %v", err)
+	}
+	<-released
+	if took := time.Since(t0); took < 1500*time.Millisecond {
+		t.Fatalf("started in %s while the port was held: the test held nothing", took)
+	}
+	if err := p.ping(context.Background()); err != nil {
+		t.Fatalf("ping after the restart: %v", err)
+	}
 }

@@ -604,6 +604,15 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	case <-runCtx.Done():
 	}
 	if perr != nil {
+		// A fault that failed (a crashed database that did not restart)
+		// is the cause of what the workload then saw: report it first.
+		select {
+		case <-outageDone:
+			if clusterErr != nil {
+				return Figures{}, nil, "", nil, fmt.Errorf("%w (then the workload: %v)", clusterErr, perr)
+			}
+		default:
+		}
 		return Figures{}, nil, "", nil, fmt.Errorf("prove: workload: %w", perr)
 	}
 	<-outageDone
