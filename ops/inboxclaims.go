@@ -27,7 +27,8 @@ func (o *Ops) inboxClaims(ctx context.Context, exec driver.Executor, id string) 
 	}
 	inbox := o.t("inbox")
 	if parted {
-		return o.scanClaims(ctx, exec, fmt.Sprintf(`SELECT consumer, tenant_id, applied_at, fingerprint FROM %s WHERE event_id = $1 ORDER BY consumer, tenant_id`, inbox), id)
+		claims, _, err := o.scanClaims(ctx, exec, fmt.Sprintf(`SELECT consumer, tenant_id, applied_at, fingerprint FROM %s WHERE event_id = $1 ORDER BY consumer, tenant_id`, inbox), id)
+		return claims, err
 	}
 	// The next pair after ($2, $3): a row comparison Postgres and SQLite
 	// read as one index range; MySQL's range optimizer wants it spelled out.
@@ -42,62 +43,49 @@ LEFT JOIN %[1]s i ON i.consumer = n.consumer AND i.tenant_id = n.tenant_id AND i
 	}
 	first, next := step(""), step("WHERE "+after)
 	var out []Applied
-	var consumer, tenant string
-	for pairs := 0; ; pairs++ {
+	q, args := first, []any{id}
+	for {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("ops: evidence inbox: %w", err)
 		}
-		q, args := first, []any{id}
-		if pairs > 0 {
-			q, args = next, []any{id, consumer, tenant}
-		}
-		rows, err := exec.Query(ctx, q, args...)
+		claims, last, err := o.scanClaims(ctx, exec, q, args...)
 		if err != nil {
-			return nil, fmt.Errorf("ops: evidence inbox: %w", err)
+			return nil, err
 		}
-		found := false
-		var at nullTime
-		var fp []byte
-		for rows.Next() {
-			if err := rows.Scan(&consumer, &tenant, &at, &fp); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("ops: evidence inbox: %w", err)
-			}
-			found = true
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("ops: evidence inbox: %w", err)
-		}
-		if !found {
+		if last == nil {
 			return out, nil
 		}
-		if at.Valid {
-			out = append(out, Applied{Consumer: consumer, TenantID: tenant, AppliedAt: at.Time, Fingerprint: hex.EncodeToString(fp)})
-		}
+		out = append(out, claims...)
+		q, args = next, []any{id, last[0], last[1]}
 	}
 }
 
-// scanClaims runs q (consumer, tenant_id, applied_at, fingerprint).
-func (o *Ops) scanClaims(ctx context.Context, exec driver.Executor, q string, args ...any) ([]Applied, error) {
+// scanClaims runs q (consumer, tenant_id, applied_at, fingerprint) and
+// returns the claims (rows with an applied_at) and the last row's
+// (consumer, tenant_id), nil when q returned no row.
+func (o *Ops) scanClaims(ctx context.Context, exec driver.Executor, q string, args ...any) ([]Applied, *[2]string, error) {
 	rows, err := exec.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("ops: evidence inbox: %w", err)
+		return nil, nil, fmt.Errorf("ops: evidence inbox: %w", err)
 	}
 	defer rows.Close()
 	var out []Applied
+	var last *[2]string
 	for rows.Next() {
 		var a Applied
 		var at nullTime
 		var fp []byte
 		if err := rows.Scan(&a.Consumer, &a.TenantID, &at, &fp); err != nil {
-			return nil, fmt.Errorf("ops: evidence inbox: %w", err)
+			return nil, nil, fmt.Errorf("ops: evidence inbox: %w", err)
 		}
-		a.AppliedAt, a.Fingerprint = at.Time, hex.EncodeToString(fp)
-		out = append(out, a)
+		last = &[2]string{a.Consumer, a.TenantID}
+		if at.Valid {
+			a.AppliedAt, a.Fingerprint = at.Time, hex.EncodeToString(fp)
+			out = append(out, a)
+		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("ops: evidence inbox: %w", err)
+		return nil, nil, fmt.Errorf("ops: evidence inbox: %w", err)
 	}
-	return out, nil
+	return out, last, nil
 }
