@@ -1,6 +1,7 @@
 package natsembed
 
 import (
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -33,7 +34,15 @@ func TestClusterPartitionHolds(t *testing.T) {
 func partitionRejoins(t *testing.T, limit time.Duration) bool {
 	var mu sync.Mutex
 	proxies := map[[2]int]*faultproxy.Proxy{}
-	c, err := StartCluster(3, "p", func(from, to int, addr string) (string, error) {
+	closeProxies := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for k, p := range proxies {
+			_ = p.Close()
+			delete(proxies, k)
+		}
+	}
+	dial := func(from, to int, addr string) (string, error) {
 		p, err := faultproxy.New(addr)
 		if err != nil {
 			return "", err
@@ -42,15 +51,24 @@ func partitionRejoins(t *testing.T, limit time.Duration) bool {
 		proxies[[2]int{from, to}] = p
 		mu.Unlock()
 		return p.Addr(), nil
-	})
+	}
+	// With a dialer StartCluster leaves retrying to its caller: a node
+	// whose free-found port was taken meanwhile (under a full suite's
+	// load, "node 2 ... not ready within 10s") is started again on fresh
+	// ports with fresh proxies.
+	c, err := StartCluster(3, "p", dial)
+	for try := 1; err != nil && errors.Is(err, errNotReady) && try < 3; try++ {
+		t.Logf("cluster start %d: %v; retrying on fresh ports", try, err)
+		closeProxies()
+		c, err = StartCluster(3, "p", dial)
+	}
 	if err != nil {
+		closeProxies()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		_ = c.Close()
-		for _, p := range proxies {
-			_ = p.Close()
-		}
+		closeProxies()
 	})
 	for k, p := range proxies {
 		if k[0] == 0 || k[1] == 0 {
