@@ -47,6 +47,12 @@ const (
 	DefaultPartitionMaintenance = 10 * time.Minute
 	// DefaultPublishTimeout bounds one batch's publish (all acks).
 	DefaultPublishTimeout = 30 * time.Second
+	// DefaultMaxBatchBytes bounds the payload bytes of one batch (see
+	// WithMaxBatchBytes): 2,000 events at the writer's default payload
+	// limit of 256 KiB would be 500 MiB per batch.
+	DefaultMaxBatchBytes = 16 << 20
+	// MaxMaxBatchBytes bounds WithMaxBatchBytes.
+	MaxMaxBatchBytes = 1 << 30
 	// MaxBatchSize bounds WithBatchSize (and WithPublishRate's burst,
 	// WithTenantShare's n).
 	MaxBatchSize = 10000
@@ -76,6 +82,7 @@ type config struct {
 	shards         int
 	instance       string
 	batch          int
+	batchBytes     int // WithMaxBatchBytes
 	poll           time.Duration
 	ttl            time.Duration
 	backoffBase    time.Duration
@@ -157,6 +164,17 @@ func WithInstanceID(id string) Option { return func(c *config) { c.instance = id
 // rate by batch size: docs/RELAY.md) at the cost of memory (up to workers ×
 // batch events in flight) and a larger window of duplicates after a crash.
 func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
+
+// WithMaxBatchBytes bounds the payload bytes one batch holds, so the
+// events in flight stay within a memory budget whatever their sizes:
+// about workers × n payload bytes (the broker client holds an encoded copy
+// of each while it waits for the ack). The budget is split evenly over
+// the shards a claim reads; a shard's rows are taken in id order until
+// the next would pass its share, and always at least one, so a batch
+// holds at most n bytes plus one event per shard larger than its share.
+// The rows left out stay due: they are claimed by the next cycle, which
+// starts at once. Default DefaultMaxBatchBytes; at most MaxMaxBatchBytes.
+func WithMaxBatchBytes(n int) Option { return func(c *config) { c.batchBytes = n } }
 
 // WithPollInterval sets how often the relay looks for work when nothing
 // woke it (default 500ms). With NOTIFY or Notify it is only the fallback.
@@ -289,6 +307,7 @@ func defaultConfig() config {
 	return config{
 		shards:         ferry.DefaultShardCount,
 		batch:          DefaultBatchSize,
+		batchBytes:     DefaultMaxBatchBytes,
 		poll:           DefaultPollInterval,
 		ttl:            DefaultLeaseTTL,
 		backoffBase:    DefaultBackoffBase,
@@ -326,6 +345,8 @@ func (c *config) check() error {
 		return bad("shard_count", "must be in 1..%d, got %d", ferry.MaxShardCount, c.shards)
 	case c.batch < 1 || c.batch > MaxBatchSize:
 		return bad("batch_size", "must be in 1..%d, got %d", MaxBatchSize, c.batch)
+	case c.batchBytes < 1 || c.batchBytes > MaxMaxBatchBytes:
+		return bad("max_batch_bytes", "must be in 1..%d, got %d", MaxMaxBatchBytes, c.batchBytes)
 	case c.poll < 5*time.Millisecond:
 		return bad("poll_interval", "must be at least 5ms, got %s", c.poll)
 	case c.ttl < 300*time.Millisecond:

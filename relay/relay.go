@@ -161,6 +161,9 @@ type Relay struct {
 	unavailable missingDests
 	accepted    acceptedDests
 	wm          map[int]*shardWM // WithSentWatermark: acked rows above the watermark (under mu)
+	// rowBytes: the mean payload bytes of the last claim's rows, which
+	// sizes the next claim's per-shard LIMIT to WithMaxBatchBytes.
+	rowBytes atomic.Int64
 
 	published, duplicates, retries, dead, fenced, publishCalls, pingCalls atomic.Uint64
 }

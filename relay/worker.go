@@ -165,6 +165,11 @@ func (r *Relay) cycle(ctx context.Context, limit int) (more bool, err error) {
 		return false, nil
 	}
 	per := max(1, (r.cfg.claimSize()+len(shards)-1)/len(shards))
+	if avg := r.rowBytes.Load(); avg > 0 {
+		// Large payloads: ask for about what the byte budget will take
+		// (claim cuts exactly), not rows it would read and drop.
+		per = min(per, int(int64(r.shareBytes(len(shards)))/avg)+1)
+	}
 	t0 := time.Now()
 	batch, more, err := r.claim(ctx, shards, fences, per)
 	r.m.phase.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
@@ -214,6 +219,15 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 	if r.q.watermark {
 		dest = append(dest, &c.retry, &wm, &c.snap)
 	}
+	// WithMaxBatchBytes: each shard takes rows in id order while they fit
+	// its share of the budget (always its first row). cut holds a shard's
+	// first row left out: rows of the shard above it are dropped too, so
+	// what is claimed stays a prefix of the shard in id order, and so of
+	// each of its aggregates.
+	budget := r.shareBytes(len(shards))
+	shardBytes := map[int]int{}
+	var cut map[int]int64
+	total, rowsRead := 0, 0
 	scan := func(rows driver.Rows) error {
 		defer rows.Close()
 		counts := map[int]int{}
@@ -240,6 +254,19 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 			if counts[e.Shard] >= per {
 				more = true
 			}
+			rowsRead++
+			total += len(e.Payload)
+			if b := shardBytes[e.Shard]; b > 0 && b+len(e.Payload) > budget {
+				if first, ok := cut[e.Shard]; !ok || c.id < first {
+					if cut == nil {
+						cut = map[int]int64{}
+					}
+					cut[e.Shard] = c.id
+				}
+				more = true
+				continue
+			}
+			shardBytes[e.Shard] += len(e.Payload)
 			if share := r.cfg.tenantShare; share > 0 && !more {
 				// A tenant that filled its share has more rows waiting,
 				// even when the shard's share is not full.
@@ -282,7 +309,34 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 			}
 		}
 	}
-	return orderBatch(out), more, nil
+	if rowsRead > 0 {
+		r.rowBytes.Store(int64(max(1, total/rowsRead)))
+	}
+	return orderBatch(cutShards(out, cut)), more, nil
+}
+
+// shareBytes is one shard's share of WithMaxBatchBytes in a claim of n
+// shards.
+func (r *Relay) shareBytes(n int) int {
+	return max(1, r.cfg.batchBytes/max(1, n))
+}
+
+// cutShards drops the rows of each shard in cut at or above its first
+// row left out. The claim returns a shard's rows in id order, so those
+// are the ones after it; the filter keeps the prefix even if they came
+// in another order.
+func cutShards(b []claimed, cut map[int]int64) []claimed {
+	if len(cut) == 0 {
+		return b
+	}
+	out := b[:0]
+	for _, c := range b {
+		if first, ok := cut[c.ev.Shard]; ok && c.id >= first {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 // orderBatch sorts a batch by id and keeps, per aggregate, only a run of

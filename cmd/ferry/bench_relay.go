@@ -42,6 +42,8 @@ type benchRelayFlags struct {
 	aggs      int
 	workers   int
 	batch     int
+	// --max-batch-bytes: relay.WithMaxBatchBytes
+	batchBytes int
 	// --backlog / --table-rows: the large-table drain (bench_relay_scale.go)
 	backlog       int
 	tableRows     int
@@ -89,6 +91,7 @@ high-water mark, producer included: an upper bound for the relay's.`,
 	fl.IntVar(&f.aggs, "aggregates", 1000, "aggregates the events are spread over")
 	fl.IntVar(&f.workers, "workers", relay.DefaultWorkers, "relay workers")
 	fl.IntVar(&f.batch, "batch-size", relay.DefaultBatchSize, "relay batch size")
+	fl.IntVar(&f.batchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "relay payload bytes per batch (relay.WithMaxBatchBytes)")
 	fl.IntVar(&f.backlog, "backlog", 0, "large-table drain instead of the default runs: pre-fill this many pending rows with one INSERT … SELECT generate_series (Postgres only)")
 	fl.IntVar(&f.tableRows, "table-rows", 0, "with --backlog: sent rows already in the outbox (ids below the backlog's)")
 	fl.DurationVar(&f.partition, "partition-outbox", 0, "with --backlog: a partitioned outbox in ranges of this length (migrate --partition-outbox)")
@@ -258,7 +261,7 @@ func benchRelayMeasure[TTx any](ctx context.Context, f *benchRelayFlags, kind, s
 	defer cleanup()
 
 	wopts := []outbox.Option{outbox.WithTopicTemplate(ferry.TopicTemplate(prefix + ".{aggregate_type}"))}
-	ropts := []relay.Option{relay.WithWorkers(f.workers), relay.WithBatchSize(f.batch)}
+	ropts := []relay.Option{relay.WithWorkers(f.workers), relay.WithBatchSize(f.batch), relay.WithMaxBatchBytes(f.batchBytes)}
 	if f.sentWatermark {
 		ropts = append(ropts, relay.WithSentWatermark())
 	}

@@ -52,6 +52,7 @@ type scaleReport struct {
 	Aggregates     int    `json:"aggregates"`
 	Workers        int    `json:"workers"`
 	Batch          int    `json:"batch_size"`
+	BatchBytes     int    `json:"max_batch_bytes"`
 	LoadStart      string `json:"load_start"`
 	LoadEnd        string `json:"load_end"`
 
@@ -220,10 +221,10 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 		return fmt.Errorf(`--prototype must be "" or "watermark" (got %q)`, f.prototype)
 	}
 	rep := scaleReport{Broker: f.brokerURL, Backlog: f.backlog, TableRows: f.tableRows, Payload: f.payload, Aggregates: f.aggs,
-		Workers: f.workers, Batch: f.batch, LoadStart: loadAvg(), Prototype: f.prototype}
+		Workers: f.workers, Batch: f.batch, BatchBytes: f.batchBytes, LoadStart: loadAvg(), Prototype: f.prototype}
 	if !f.asJSON {
-		fmt.Fprintf(out, "ferry bench relay --backlog %d --table-rows %d: broker %s, %d-byte payloads over %d aggregates, workers %d, batch %d\nload average at start: %s\n",
-			f.backlog, f.tableRows, f.brokerURL, f.payload, f.aggs, f.workers, f.batch, rep.LoadStart)
+		fmt.Fprintf(out, "ferry bench relay --backlog %d --table-rows %d: broker %s, %d-byte payloads over %d aggregates, workers %d, batch %d (at most %d payload bytes)\nload average at start: %s\n",
+			f.backlog, f.tableRows, f.brokerURL, f.payload, f.aggs, f.workers, f.batch, f.batchBytes, rep.LoadStart)
 	}
 	suffix := benchRandHex()
 	schema := "ferry_bench_" + suffix
@@ -248,7 +249,7 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 		return err
 	}
 	defer cleanup()
-	ropts := []relay.Option{relay.WithWorkers(f.workers), relay.WithBatchSize(f.batch)}
+	ropts := []relay.Option{relay.WithWorkers(f.workers), relay.WithBatchSize(f.batch), relay.WithMaxBatchBytes(f.batchBytes)}
 	if f.sentWatermark {
 		ropts = append(ropts, relay.WithSentWatermark())
 		rep.SentWatermark = true

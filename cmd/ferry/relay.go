@@ -58,6 +58,7 @@ type relayFlags struct {
 	publishRate    float64 // --publish-rate; 0 = unlimited
 	publishBurst   int     // --publish-burst; 0 = --batch-size
 	tenantShare    int     // --tenant-share; 0 = off
+	batchBytes     int     // --max-batch-bytes
 	sentWatermark  bool    // --sent-watermark
 	source         string
 	slot           string
@@ -136,6 +137,7 @@ the leases and exits 0.`,
 	fl.StringVar(&f.publication, "publication", "ferry_cdc", "cdc: publication name (created for the outbox table only, inserts only)")
 	fl.IntVar(&f.shards, "shards", ferry.DefaultShardCount, "shard count N; must equal the writers' N")
 	fl.IntVar(&f.batch, "batch-size", relay.DefaultBatchSize, "rows per claim-publish-mark cycle")
+	fl.IntVar(&f.batchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "poll: payload bytes per batch; events in flight stay within about workers × this whatever their sizes")
 	fl.IntVar(&f.workers, "workers", relay.DefaultWorkers, "poll: concurrent claim-publish-mark loops")
 	fl.Float64Var(&f.publishRate, "publish-rate", 0, "poll: publish at most this many events per second, across all workers (0 = unlimited)")
 	fl.IntVar(&f.publishBurst, "publish-burst", 0, "poll: with --publish-rate, the largest burst in events (0 = --batch-size, at most 10000)")
@@ -582,7 +584,7 @@ func relayList(s string) []string {
 // listener are added by the caller).
 func pollOptions(f *relayFlags, tables ferry.Tables) []relay.Option {
 	opts := []relay.Option{
-		relay.WithTables(tables), relay.WithShardCount(f.shards), relay.WithBatchSize(f.batch),
+		relay.WithTables(tables), relay.WithShardCount(f.shards), relay.WithBatchSize(f.batch), relay.WithMaxBatchBytes(f.batchBytes),
 		relay.WithPollInterval(f.poll), relay.WithLeaseTTL(f.leaseTTL), relay.WithBackoff(f.backoffBase, f.backoffMax),
 		relay.WithPublishTimeout(f.publishTimeout), relay.WithMaxAttempts(f.maxAttempts),
 		relay.WithDeadPolicy(relay.DeadPolicy(f.deadPolicy)), relay.WithWorkers(f.workers),
@@ -610,6 +612,7 @@ func pollOptions(f *relayFlags, tables ferry.Tables) []relay.Option {
 var relayOptionFlags = map[string]string{
 	"shard_count":     "--shards",
 	"batch_size":      "--batch-size",
+	"max_batch_bytes": "--max-batch-bytes",
 	"poll_interval":   "--poll-interval",
 	"lease_ttl":       "--lease-ttl",
 	"backoff":         "--backoff-base/--backoff-max",
