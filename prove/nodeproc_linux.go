@@ -249,7 +249,7 @@ func runLeaderSigkill(ctx context.Context, pc *procCluster, s *natsStream, fault
 	if err := pc.waitReady(procClusterReady); err != nil {
 		return "", err
 	}
-	if err := waitReplicasCurrent(ctx, s, 20*time.Second); err != nil {
+	if err := waitReplicasCurrent(ctx, s, clusterConverge); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("stream leader %s (pid %d) SIGKILLed, %s took over after %s, %s restarted on its store and ports (pid %d)",
