@@ -19,6 +19,10 @@ var (
 	ErrViolation = errors.New("prove: violations found")
 	// ErrUnknownScenario: a requested scenario name does not exist.
 	ErrUnknownScenario = errors.New("prove: unknown scenario")
+	// ErrScenarioLimit: a scenario had not finished within its hard limit
+	// (see WithScenarioLimit) and was stopped; its result is an error
+	// naming where it was waiting.
+	ErrScenarioLimit = errors.New("prove: scenario exceeded its time limit")
 	// ErrInvalidConfig: an option value was rejected; the message names it.
 	ErrInvalidConfig = errors.New("prove: invalid configuration")
 )
@@ -47,6 +51,9 @@ type config struct {
 	logger      *slog.Logger
 	worker      []string
 	ackWait     time.Duration
+	// scenarioLimit: the hard limit of one scenario (0: the default,
+	// defaultScenarioLimit).
+	scenarioLimit time.Duration
 
 	referenceRelay bool // prove's own relay instead of package relay
 	sentWatermark  bool // package relay in the watermark design (Postgres)
@@ -97,6 +104,16 @@ func WithProducers(n int) Option { return func(c *config) { c.producers = n } }
 // workload (a pipeline that never delivers is reported, not waited on
 // forever). Default 60s.
 func WithDuration(d time.Duration) Option { return func(c *config) { c.duration = d } }
+
+// WithScenarioLimit bounds one scenario's whole run, setup to verdict. A
+// scenario still running at the limit — a wait with no end of its own, a
+// component that stopped answering — is cancelled, its goroutines' stacks
+// are written to the progress writer, and its result is an error wrapping
+// ErrScenarioLimit that names the prove functions it was waiting in. The
+// default is 4 × the settle duration + 3 minutes (7 minutes at the
+// default 60 s): far above any scenario's normal run, which waits at most
+// a few settle durations. 1 s .. 24 h.
+func WithScenarioLimit(d time.Duration) Option { return func(c *config) { c.scenarioLimit = d } }
 
 // WithPostgres runs against Postgres at url (each scenario in a fresh
 // schema, dropped afterwards) instead of SQLite in a temp dir.
@@ -193,6 +210,8 @@ func (c *config) validate() error {
 		return bad("producers", fmt.Sprintf("must be in 1..256, got %d", c.producers))
 	case c.duration < time.Second:
 		return bad("duration", fmt.Sprintf("must be at least 1s, got %s", c.duration))
+	case c.scenarioLimit != 0 && (c.scenarioLimit < time.Second || c.scenarioLimit > 24*time.Hour):
+		return bad("scenario-limit", fmt.Sprintf("must be in 1s..24h (or 0 for the default), got %s", c.scenarioLimit))
 	}
 	if c.postgresURL != "" && !strings.HasPrefix(c.postgresURL, "postgres://") && !strings.HasPrefix(c.postgresURL, "postgresql://") {
 		return bad("database-url", "must be a postgres:// or mysql:// URL")
@@ -407,6 +426,21 @@ func (p *progress) line(s string) {
 		return
 	}
 	fmt.Fprintf(p.w, "\r\033[K%s", s)
+}
+
+// dump writes a heading and a block of text (a scenario's stacks) on
+// their own lines, whatever the writer.
+func (p *progress) dump(heading, text string) {
+	if p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tty {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+	fmt.Fprintf(p.w, "%s: %s\n%s\n", p.label, heading, text)
+	p.last = time.Now()
 }
 
 func (p *progress) done() {

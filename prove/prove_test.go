@@ -303,13 +303,76 @@ func TestRabbitMQ(t *testing.T) {
 
 func TestOptionsValidated(t *testing.T) {
 	for _, o := range []Option{WithEvents(1), WithAggregates(0), WithTenants(1), WithProducers(0), WithDuration(time.Millisecond),
-		WithPostgres("mysql://x"), WithBroker("http://x")} {
+		WithPostgres("mysql://x"), WithBroker("http://x"), WithScenarioLimit(500 * time.Millisecond), WithScenarioLimit(25 * time.Hour)} {
 		if _, err := Run(context.Background(), o); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("want ErrInvalidConfig, got %v", err)
 		}
 	}
 	if _, err := Run(context.Background(), WithScenarios("no-such")); !errors.Is(err, ErrUnknownScenario) {
 		t.Errorf("want ErrUnknownScenario, got %v", err)
+	}
+}
+
+// TestScenarioLimit: a scenario still running at its hard limit is
+// stopped and reported as an error naming where it waited, with every
+// goroutine's stack on the progress writer — not a run that never ends.
+// relay-crash-after-publish needs 5 relay crashes of at least a lease
+// takeover each: it cannot finish within 1 s.
+func TestScenarioLimit(t *testing.T) {
+	var progress syncBuffer
+	start := time.Now()
+	rep, err := Run(context.Background(), small(WithScenarios("relay-crash-after-publish"), WithScenarioLimit(time.Second), WithProgress(&progress))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := rep.Result("relay-crash-after-publish")
+	if res.Status != StatusError || !strings.Contains(res.Note, ErrScenarioLimit.Error()) || !strings.Contains(res.Note, "(stopped; it was waiting in prove.") {
+		t.Fatalf("want an error naming the limit and the prove functions it waited in, got %s: %s", res.Status, res.Note)
+	}
+	t.Log(res.Note)
+	if !rep.Failed() {
+		t.Error("a scenario stopped at its limit must fail the run")
+	}
+	out := progress.String()
+	if !strings.Contains(out, "not finished within its limit of 1s; its goroutines:") || !strings.Contains(out, "goroutine ") {
+		t.Errorf("no goroutine stacks on the progress writer:\n%.2000s", out)
+	}
+	if d := time.Since(start); d > scenarioGrace {
+		t.Errorf("the stopped scenario took %s to return", d)
+	}
+}
+
+func TestProveFrames(t *testing.T) {
+	stacks := `goroutine 1 [running]:
+github.com/ferryhq/ferry/prove.goroutineStacks()
+	/x/prove/scenarios.go:1 +0x1
+
+goroutine 7 [select]:
+time.Sleep(0x1)
+github.com/ferryhq/ferry/prove.settle({0x1, 0x2}, 0x3)
+	/x/prove/settle.go:40 +0x1
+github.com/ferryhq/ferry/prove.executeInner(0x1)
+
+goroutine 8 [chan receive]:
+github.com/ferryhq/ferry/prove.(*tempServer).start(0x1)
+	/x/prove/dbcrash_pg.go:300 +0x1
+
+goroutine 9 [select]:
+github.com/ferryhq/ferry/prove.sleepCtx({0x1, 0x2}, 0x3)
+	/x/prove/scenarios.go:700 +0x1
+github.com/ferryhq/ferry/prove.settle({0x1, 0x2}, 0x3)
+
+goroutine 11 [chan receive]:
+github.com/ferryhq/ferry/prove.TestMain(0x1)
+
+goroutine 10 [IO wait]:
+net.(*netFD).Read(0x1)
+`
+	if got, want := proveFrames(stacks), "prove.settle ×2, prove.(*tempServer).start ×1"; got != want {
+		t.Errorf("proveFrames = %q, want %q", got, want)
+	}
+	if got := proveFrames("goroutine 1 [running]:\nmain.main()\n"); got != "no prove function" {
+		t.Errorf("proveFrames without prove frames = %q", got)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -315,9 +317,113 @@ func runScenario(ctx context.Context, cfg *config, st *stack, sc *scenario, prog
 // notAvailable prefixes the note of a scenario the broker cannot run.
 const notAvailable = "not available: "
 
-func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) (_ Figures, _ []string, _ string, comps []string, err error) {
-	f, v, n, comps, err := executeInner(ctx, cfg, st, sc, prog)
-	return f, v, n, comps, err
+// defaultScenarioLimit is WithScenarioLimit's default for a settle
+// duration d; scenarioGrace how long a scenario stopped at its limit has
+// to wind down before prove gives up on it.
+func defaultScenarioLimit(d time.Duration) time.Duration { return 4*d + 3*time.Minute }
+
+const scenarioGrace = 30 * time.Second
+
+// execute runs the scenario under its hard limit. Every wait in a scenario
+// should have its own bound; the limit is the backstop for one that does
+// not, so a stuck scenario becomes an error with the stacks of what it
+// waited on instead of a run that never ends.
+func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) (Figures, []string, string, []string, error) {
+	type outcome struct {
+		f     Figures
+		viol  []string
+		note  string
+		comps []string
+		err   error
+	}
+	limit := cfg.scenarioLimit
+	if limit == 0 {
+		limit = defaultScenarioLimit(cfg.duration)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan outcome, 1)
+	go func() {
+		var o outcome
+		o.f, o.viol, o.note, o.comps, o.err = executeInner(sctx, cfg, st, sc, prog)
+		done <- o
+	}()
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	select {
+	case o := <-done:
+		return o.f, o.viol, o.note, o.comps, o.err
+	case <-timer.C:
+	}
+	// The stacks before the cancel: they show what it was waiting on.
+	stacks := goroutineStacks()
+	waiting := proveFrames(stacks)
+	prog.dump(fmt.Sprintf("not finished within its limit of %s; its goroutines:", limit), stacks)
+	cfg.logger.Error("prove: scenario exceeded its limit", "scenario", sc.name, "limit", limit, "waiting_in", waiting)
+	cancel()
+	select {
+	case o := <-done:
+		return Figures{}, nil, "", o.comps, fmt.Errorf("%w: %s not finished within %s (stopped; it was waiting in %s)", ErrScenarioLimit, sc.name, limit, waiting)
+	case <-time.After(scenarioGrace):
+		return Figures{}, nil, "", nil, fmt.Errorf("%w: %s not finished within %s, and still running %s after it was cancelled (waiting in %s)", ErrScenarioLimit, sc.name, limit, scenarioGrace, waiting)
+	}
+}
+
+// goroutineStacks is every goroutine's stack, as a panic prints them.
+func goroutineStacks() string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) || len(buf) >= 64<<20 {
+			return string(buf[:n])
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// proveFrames summarises stacks: for each goroutine that is in package
+// prove, the innermost prove function, with how many goroutines wait
+// there ("prove.settle ×1, prove.runDBCrash ×2"), most frequent first.
+func proveFrames(stacks string) string {
+	const pkg = "github.com/ferryhq/ferry/prove."
+	counts := map[string]int{}
+	for _, g := range strings.Split(stacks, "\n\n") {
+		for _, line := range strings.Split(g, "\n") {
+			fn, ok := strings.CutPrefix(line, pkg)
+			if !ok {
+				continue
+			}
+			if i := strings.LastIndexByte(fn, '('); i > 0 {
+				fn = fn[:i]
+			}
+			if fn == "sleepCtx" {
+				continue // a helper: its caller is the one waiting
+			}
+			// The goroutine running execute itself, and a test's own.
+			if !strings.HasPrefix(fn, "execute") && !strings.HasPrefix(fn, "goroutineStacks") && !strings.HasPrefix(fn, "Test") {
+				counts["prove."+fn]++
+			}
+			break
+		}
+	}
+	names := make([]string, 0, len(counts))
+	for n := range counts {
+		names = append(names, n)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		if counts[names[i]] != counts[names[j]] {
+			return counts[names[i]] > counts[names[j]]
+		}
+		return names[i] < names[j]
+	})
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s ×%d", n, counts[n])
+	}
+	if len(parts) == 0 {
+		return "no prove function"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) (Figures, []string, string, []string, error) {

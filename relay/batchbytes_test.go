@@ -80,9 +80,43 @@ func TestMaxBatchBytes(t *testing.T) {
 					if !limited && maxBytes <= budget {
 						t.Errorf("control: the largest batch held %d bytes, within %d: the test cannot tell the budget from its absence", maxBytes, budget)
 					}
+					// The claim's LIMIT followed the payloads: 10 KiB rows
+					// and a 10 KiB share per shard ask for 2 rows a shard
+					// (the one kept and the one that shows there is more),
+					// not the batch size's 500.
+					if got := r.rowBytes.Load(); got != size {
+						t.Errorf("mean payload of the last claim %d, want %d", got, size)
+					}
+					if per := r.claimPer(4); limited && per != 2 {
+						t.Errorf("claim LIMIT per shard %d with a 10 KiB share and 10 KiB rows, want 2", per)
+					} else if want := min(r.cfg.claimSize()/4, DefaultMaxBatchBytes/4/size+1); !limited && per != want {
+						t.Errorf("control: claim LIMIT per shard %d, want %d (the 16 MiB budget's 4 MiB share of 10 KiB rows)", per, want)
+					}
 				})
 			}
 		})
+	}
+}
+
+// TestClaimPer: the claim's LIMIT per shard is the batch size's share
+// until a claim has seen the payloads, then what the byte share takes.
+func TestClaimPer(t *testing.T) {
+	r := &Relay{cfg: defaultConfig()}
+	r.cfg.batch, r.cfg.batchBytes = 2000, 4<<20
+	if got := r.claimPer(4); got != 500 {
+		t.Errorf("before any claim: %d, want 500", got)
+	}
+	r.rowBytes.Store(300) // small rows: the batch size binds
+	if got := r.claimPer(4); got != 500 {
+		t.Errorf("300-byte rows: %d, want 500", got)
+	}
+	r.rowBytes.Store(100_000) // 1 MiB share / 100 KB + 1
+	if got := r.claimPer(4); got != 11 {
+		t.Errorf("100 KB rows: %d, want 11", got)
+	}
+	r.rowBytes.Store(8 << 20) // a row larger than the share: still one (plus one)
+	if got := r.claimPer(4); got != 1 {
+		t.Errorf("8 MiB rows: %d, want 1", got)
 	}
 }
 

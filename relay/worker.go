@@ -164,14 +164,8 @@ func (r *Relay) cycle(ctx context.Context, limit int) (more bool, err error) {
 	if len(shards) == 0 || r.breakerOpen() {
 		return false, nil
 	}
-	per := max(1, (r.cfg.claimSize()+len(shards)-1)/len(shards))
-	if avg := r.rowBytes.Load(); avg > 0 {
-		// Large payloads: ask for about what the byte budget will take
-		// (claim cuts exactly), not rows it would read and drop.
-		per = min(per, int(int64(r.shareBytes(len(shards)))/avg)+1)
-	}
 	t0 := time.Now()
-	batch, more, err := r.claim(ctx, shards, fences, per)
+	batch, more, err := r.claim(ctx, shards, fences, r.claimPer(len(shards)))
 	r.m.phase.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
 	if err == nil && len(batch) == 0 && r.q.watermark {
 		// Acked rows waiting for a producer transaction to end.
@@ -313,6 +307,18 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 		r.rowBytes.Store(int64(max(1, total/rowsRead)))
 	}
 	return orderBatch(cutShards(out, cut)), more, nil
+}
+
+// claimPer is the claim's LIMIT per shard for a claim of n shards: the
+// batch size split over them, and with large payloads about what the
+// shard's share of the byte budget will take at the last claim's mean
+// payload (claim cuts exactly), not rows it would read only to drop.
+func (r *Relay) claimPer(n int) int {
+	per := max(1, (r.cfg.claimSize()+n-1)/max(1, n))
+	if avg := r.rowBytes.Load(); avg > 0 {
+		per = min(per, int(int64(r.shareBytes(n))/avg)+1)
+	}
+	return per
 }
 
 // shareBytes is one shard's share of WithMaxBatchBytes in a claim of n

@@ -81,6 +81,8 @@ func TestCLIAsANewcomer(t *testing.T) {
 		// Refused before connecting: nothing listens on port 1.
 		{name: "relay cdc on mysql", args: []string{"relay", "--mode", "cdc", "--database-url", "mysql://nobody@127.0.0.1:1/none", "--broker-url", "embedded"},
 			wantErr: []string{"--mode cdc needs a Postgres --database-url", "mysql", "--mode poll"}},
+		{name: "relay cdc pending bytes named by flag", args: []string{"relay", "--mode", "cdc", "--max-pending-bytes", "0", "--database-url", "postgres://nobody@127.0.0.1:1/none", "--broker-url", "embedded"},
+			wantErr: []string{"--max-pending-bytes must be in 1..1073741824, got 0"}},
 		{name: "relay cdc on sqlite", args: []string{"relay", "--mode", "cdc", "--database-url", "sqlite:none.db", "--broker-url", "embedded"},
 			wantErr: []string{"--mode cdc needs a Postgres --database-url", "sqlite"}},
 		{name: "status negative watch", args: []string{"status", "--watch", "-1s", "--database-url", migrated},

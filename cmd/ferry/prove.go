@@ -21,7 +21,7 @@ func newProveCmd() *cobra.Command {
 		seed                         int64
 		events, aggs, tenants        int
 		producers                    int
-		duration, partInbox          time.Duration
+		duration, partInbox, limit   time.Duration
 		postgres, brokerURL          string
 		soak                         prove.SoakOptions
 		matrix                       bool
@@ -67,7 +67,7 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 			}
 			opts := []prove.Option{
 				prove.WithSeed(seed), prove.WithEvents(events), prove.WithAggregates(aggs), prove.WithTenants(tenants),
-				prove.WithProducers(producers), prove.WithDuration(duration), prove.WithProgress(cmd.ErrOrStderr()),
+				prove.WithProducers(producers), prove.WithDuration(duration), prove.WithScenarioLimit(limit), prove.WithProgress(cmd.ErrOrStderr()),
 				prove.WithWorkerCommand(exe, "prove", "worker"),
 			}
 			for _, s := range scenarios {
@@ -127,6 +127,7 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 	f.IntVar(&tenants, "tenants", 3, "tenants (sharing aggregate ids)")
 	f.IntVar(&producers, "producers", 4, "concurrent producers")
 	f.DurationVar(&duration, "duration", 60*time.Second, "longest a scenario may take to settle")
+	f.DurationVar(&limit, "scenario-limit", 0, "hard limit of one scenario, setup to verdict (1s..24h; default 4 × --duration + 3m): a scenario still running is stopped, its goroutines' stacks go to stderr and its result is an error")
 	f.StringVar(&postgres, "database-url", "", "postgres://… or mysql://user:pass@host:port/db (default: SQLite in a temp dir); each scenario uses a fresh schema (MySQL: a fresh database, so the user needs CREATE and DROP) and touches nothing else")
 	f.StringVar(&postgres, "postgres", "", "old name of --database-url")
 	_ = f.MarkDeprecated("postgres", "use --database-url")

@@ -32,6 +32,7 @@ import (
 	"github.com/ferryhq/ferry/internal/logattr"
 	"github.com/ferryhq/ferry/internal/outboxstate"
 	"github.com/ferryhq/ferry/relay"
+	"github.com/ferryhq/ferry/relay/cdc"
 )
 
 // relayFlags configure `ferry relay`. Every flag also reads FERRY_<FLAG>.
@@ -59,6 +60,7 @@ type relayFlags struct {
 	publishBurst   int     // --publish-burst; 0 = --batch-size
 	tenantShare    int     // --tenant-share; 0 = off
 	batchBytes     int     // --max-batch-bytes
+	pendingBytes   int     // --max-pending-bytes (cdc)
 	sentWatermark  bool    // --sent-watermark
 	source         string
 	slot           string
@@ -138,6 +140,7 @@ the leases and exits 0.`,
 	fl.IntVar(&f.shards, "shards", ferry.DefaultShardCount, "shard count N; must equal the writers' N")
 	fl.IntVar(&f.batch, "batch-size", relay.DefaultBatchSize, "rows per claim-publish-mark cycle")
 	fl.IntVar(&f.batchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "poll: payload bytes per batch; events in flight stay within about workers × this whatever their sizes")
+	fl.IntVar(&f.pendingBytes, "max-pending-bytes", cdc.DefaultMaxPendingBytes, "cdc: payload bytes decoded from the WAL and not yet acked by the broker; the WAL reader waits beyond it")
 	fl.IntVar(&f.workers, "workers", relay.DefaultWorkers, "poll: concurrent claim-publish-mark loops")
 	fl.Float64Var(&f.publishRate, "publish-rate", 0, "poll: publish at most this many events per second, across all workers (0 = unlimited)")
 	fl.IntVar(&f.publishBurst, "publish-burst", 0, "poll: with --publish-rate, the largest burst in events (0 = --batch-size, at most 10000)")
@@ -181,6 +184,9 @@ func runRelayCmd(ctx context.Context, cmd *cobra.Command, f *relayFlags, stderr 
 		// replication the CDC relay reads.
 		if d, _, err := parseDatabaseURL(f.store.url); err == nil && d != driver.Postgres {
 			return fmt.Errorf("--mode cdc needs a Postgres --database-url (logical replication); got a %s URL: use --mode poll", d)
+		}
+		if err := cdc.CheckOptions(cdcOptions(f)...); err != nil {
+			return relayFlagError(err)
 		}
 	}
 	var level slog.Level
@@ -610,24 +616,27 @@ func pollOptions(f *relayFlags, tables ferry.Tables) []relay.Option {
 
 // relayOptionFlags names the flag behind each relay option field.
 var relayOptionFlags = map[string]string{
-	"shard_count":     "--shards",
-	"batch_size":      "--batch-size",
-	"max_batch_bytes": "--max-batch-bytes",
-	"poll_interval":   "--poll-interval",
-	"lease_ttl":       "--lease-ttl",
-	"backoff":         "--backoff-base/--backoff-max",
-	"publish_timeout": "--publish-timeout",
-	"max_attempts":    "--max-attempts",
-	"dead_policy":     "--dead-policy",
-	"workers":         "--workers",
-	"publish_rate":    "--publish-rate",
-	"publish_burst":   "--publish-burst",
-	"tenant_share":    "--tenant-share",
-	"sent_watermark":  "--sent-watermark",
-	"instance_id":     "--instance-id",
-	"listener":        "--notify-channel",
-	"tables.schema":   "--schema",
-	"tables.prefix":   "--table-prefix",
+	"shard_count":       "--shards",
+	"batch_size":        "--batch-size",
+	"max_batch_bytes":   "--max-batch-bytes",
+	"max_pending_bytes": "--max-pending-bytes",
+	"slot_name":         "--slot",
+	"publication_name":  "--publication",
+	"poll_interval":     "--poll-interval",
+	"lease_ttl":         "--lease-ttl",
+	"backoff":           "--backoff-base/--backoff-max",
+	"publish_timeout":   "--publish-timeout",
+	"max_attempts":      "--max-attempts",
+	"dead_policy":       "--dead-policy",
+	"workers":           "--workers",
+	"publish_rate":      "--publish-rate",
+	"publish_burst":     "--publish-burst",
+	"tenant_share":      "--tenant-share",
+	"sent_watermark":    "--sent-watermark",
+	"instance_id":       "--instance-id",
+	"listener":          "--notify-channel",
+	"tables.schema":     "--schema",
+	"tables.prefix":     "--table-prefix",
 	// ferry migrate up / sql
 	"partitioned_outbox": "--partition-outbox",
 	"partitioned_inbox":  "--partition-inbox",

@@ -16,6 +16,13 @@ import (
 	"github.com/ferryhq/ferry/relay/cdc"
 )
 
+// cdcOptions are the CDC relay's options its flags set (checked before
+// anything connects, like pollOptions).
+func cdcOptions(f *relayFlags) []cdc.Option {
+	return []cdc.Option{cdc.WithTables(f.store.tables()), cdc.WithSlotName(f.slot), cdc.WithPublicationName(f.publication),
+		cdc.WithMaxPendingBytes(f.pendingBytes)}
+}
+
 // runCDCRelay runs `ferry relay --mode cdc`: the log-based relay reading
 // committed outbox inserts from a logical replication slot (Postgres only).
 // The destination was checked (or provisioned) like the polling relay's.
@@ -23,11 +30,9 @@ func runCDCRelay(ctx context.Context, f *relayFlags, st *store, pub broker.Publi
 	if st.dialect != driver.Postgres {
 		return fmt.Errorf("--mode cdc needs Postgres (logical replication); --database-url is %s", st.dialect)
 	}
-	r, err := cdc.New(f.store.url, pub,
-		cdc.WithTables(st.tables), cdc.WithSlotName(f.slot), cdc.WithPublicationName(f.publication),
-		cdc.WithLogger(log), cdc.WithRegisterer(reg))
+	r, err := cdc.New(f.store.url, pub, append(cdcOptions(f), cdc.WithTables(st.tables), cdc.WithLogger(log), cdc.WithRegisterer(reg))...)
 	if err != nil {
-		return err
+		return relayFlagError(err)
 	}
 	if f.listen != "" {
 		ln, err := net.Listen("tcp", f.listen)

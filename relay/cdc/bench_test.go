@@ -3,6 +3,7 @@ package cdc_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/outbox"
 	"github.com/ferryhq/ferry/relay"
+	"github.com/ferryhq/ferry/relay/cdc"
 )
 
 // ackClock records when each event's broker ack reached the relay.
@@ -197,6 +199,67 @@ func BenchmarkLatency(b *testing.B) {
 			b.ReportMetric(q(0.50), "p50-ms")
 			b.ReportMetric(q(0.99), "p99-ms")
 			b.ReportMetric(q(1.0), "max-ms")
+		})
+	}
+}
+
+// BenchmarkStalledBrokerMemory measures what the relay holds while the
+// broker does not answer: the first publish call is held while 400
+// transactions of one 100 KB event commit (40 MB of payload), then for 2 s
+// more; then the live heap (after a GC) above its level before the
+// inserts is reported (live-MB), with the default budget (64 MiB:
+// everything is decoded and queued) and with WithMaxPendingBytes(4 MiB)
+// (the WAL reader stops).
+func BenchmarkStalledBrokerMemory(b *testing.B) {
+	const size, txs = 100_000, 400
+	for _, c := range []struct {
+		name string
+		opts []cdc.Option
+	}{
+		{"default-64MiB", nil},
+		{"budget-4MiB", []cdc.Option{cdc.WithMaxPendingBytes(4 << 20)}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			held := 0.0
+			for range b.N {
+				ctx := context.Background()
+				h := newHarness(b)
+				k := startKafka(b)
+				pub := &gatedPublisher{Publisher: k.publisher()}
+				_, stop := h.start(pub, c.opts...)
+				gate := make(chan struct{})
+				pub.mu.Lock()
+				pub.gate = gate
+				pub.mu.Unlock()
+				var ms runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&ms)
+				base := ms.HeapAlloc
+				var in []ferry.Event
+				for i := range txs {
+					got, err := h.w.Insert(ctx, bigEvent(fmt.Sprintf("o-%d", i%8), size))
+					if err != nil {
+						b.Fatal(err)
+					}
+					for j := range got {
+						got[j].Payload = nil // the benchmark's copy is not the relay's
+					}
+					in = append(in, got...)
+				}
+				time.Sleep(2 * time.Second)
+				runtime.GC()
+				runtime.ReadMemStats(&ms)
+				held = max(held, float64(ms.HeapAlloc-min(base, ms.HeapAlloc))/1e6)
+				pub.mu.Lock()
+				pub.gate = nil
+				pub.mu.Unlock()
+				close(gate)
+				if v := judge(in, k.read(60*time.Second, allDelivered(in))); v.lost != 0 || v.duplicates != 0 || v.orderViolations != 0 {
+					b.Fatalf("%+v", v)
+				}
+				stop()
+			}
+			b.ReportMetric(held, "live-MB")
 		})
 	}
 }

@@ -39,6 +39,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"publication", []cdc.Option{cdc.WithPublicationName("")}, "publication_name"},
 		{"standby", []cdc.Option{cdc.WithStandbyTimeout(time.Hour)}, "standby_timeout"},
 		{"batch", []cdc.Option{cdc.WithMaxBatch(0)}, "max_batch"},
+		{"pending bytes", []cdc.Option{cdc.WithMaxPendingBytes(0)}, "max_pending_bytes"},
+		{"pending bytes max", []cdc.Option{cdc.WithMaxPendingBytes(cdc.MaxMaxPendingBytes + 1)}, "max_pending_bytes"},
 		{"tables", []cdc.Option{cdc.WithTables(ferry.Tables{Schema: "x;drop"})}, "tables.schema"},
 		{"heartbeat", []cdc.Option{cdc.WithHeartbeat(time.Microsecond)}, "heartbeat"},
 	}

@@ -27,6 +27,7 @@ type config struct {
 	visibleWait   time.Duration // how long record waits for decoded rows to become visible
 	maxBatch      int           // events per Publish call
 	maxPending    int           // decoded transactions buffered ahead of the publisher
+	pendingBytes  int64         // payload bytes decoded and not yet acknowledged
 	backoffMin    time.Duration
 	backoffMax    time.Duration
 	lagAlertBytes int64
@@ -52,6 +53,7 @@ func defaultConfig() config {
 		visibleWait:    2 * time.Second,
 		maxBatch:       512,
 		maxPending:     4096,
+		pendingBytes:   DefaultMaxPendingBytes,
 		backoffMin:     100 * time.Millisecond,
 		backoffMax:     5 * time.Second,
 		lagAlertBytes:  1 << 30,
@@ -121,6 +123,35 @@ func WithReconcileInterval(d time.Duration) Option { return func(c *config) { c.
 // (default 512). Transactions are never split across calls unless one
 // transaction alone is larger.
 func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
+
+// DefaultMaxPendingBytes and MaxMaxPendingBytes are WithMaxPendingBytes'
+// default and upper limit.
+const (
+	DefaultMaxPendingBytes = 64 << 20
+	MaxMaxPendingBytes     = 1 << 30
+)
+
+// WithMaxPendingBytes bounds the relay's memory for events: the payload
+// bytes of transactions decoded from the WAL and not yet acknowledged by
+// the broker, 1..1 GiB (default 64 MiB). While the budget is spent the
+// WAL reader stops reading (and keeps the replication session alive with
+// status updates) until acknowledged batches free it; the catch-up and
+// the reconcile read their rows from the table within the same budget. A
+// transaction is never split: one larger than the budget is admitted
+// alone, so it still ships. Without it only the number of transactions
+// (4096) bounds the memory, whatever their sizes.
+func WithMaxPendingBytes(n int) Option { return func(c *config) { c.pendingBytes = int64(n) } }
+
+// CheckOptions validates opts as New would, without a database or a
+// broker: a command can refuse a bad setting before it connects to
+// anything. The error is a *ferry.ConfigError naming the option's field.
+func CheckOptions(opts ...Option) error {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg.check()
+}
 
 // WithBackoff bounds the retry delay after a broker failure (default 100ms
 // to 5s, full jitter): an outage costs at most one attempt per max delay.
@@ -234,6 +265,9 @@ func (c *config) check() error {
 	}
 	if c.maxBatch < 1 || c.maxBatch > 10000 {
 		return &ferry.ConfigError{Field: "max_batch", Reason: fmt.Sprintf("must be in 1..10000, got %d", c.maxBatch)}
+	}
+	if c.pendingBytes < 1 || c.pendingBytes > MaxMaxPendingBytes {
+		return &ferry.ConfigError{Field: "max_pending_bytes", Reason: fmt.Sprintf("must be in 1..%d, got %d", MaxMaxPendingBytes, c.pendingBytes)}
 	}
 	if c.lagAlertBytes < 0 || c.lagAlertAge < 0 {
 		return &ferry.ConfigError{Field: "lag_alert", Reason: "must not be negative"}

@@ -77,6 +77,53 @@ type session struct {
 	confirmed atomic.Uint64
 	txCh      chan *txn
 	flushCh   chan flushItem
+	// budget: payload bytes handed to the shipper and not yet acked
+	// (WithMaxPendingBytes).
+	budget byteBudget
+}
+
+// byteBudget counts the payload bytes of transactions between the WAL
+// reader and the broker's ack. take admits a transaction when the bytes
+// held leave room for it, or when nothing is held (so one larger than the
+// whole budget still ships, alone).
+type byteBudget struct {
+	limit int64
+	mu    sync.Mutex
+	held  int64
+	freed chan struct{} // a token when give freed bytes
+}
+
+func newByteBudget(limit int64) byteBudget {
+	return byteBudget{limit: limit, freed: make(chan struct{}, 1)}
+}
+
+func (b *byteBudget) take(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n > 0 && b.held > 0 && b.held+n > b.limit {
+		return false
+	}
+	b.held += n
+	return true
+}
+
+func (b *byteBudget) give(n int64) {
+	b.mu.Lock()
+	b.held -= n
+	b.mu.Unlock()
+	select {
+	case b.freed <- struct{}{}:
+	default:
+	}
+}
+
+// payloadBytes is what the budget counts of events: their payloads.
+func payloadBytes(events []ferry.Event) int64 {
+	var n int64
+	for i := range events {
+		n += int64(len(events[i].Payload))
+	}
+	return n
 }
 
 // session holds the slot until an error or ctx ends.
@@ -148,7 +195,7 @@ func (r *Relay) session(ctx context.Context, pool *pgxpool.Pool, tgt target) err
 	}
 	// We hold the slot now: nobody else can be streaming or catching up.
 	s := &session{r: r, pool: pool, tgt: tgt, conn: conn,
-		txCh: make(chan *txn, r.cfg.maxPending), flushCh: make(chan flushItem, 64)}
+		txCh: make(chan *txn, r.cfg.maxPending), flushCh: make(chan flushItem, 64), budget: newByteBudget(r.cfg.pendingBytes)}
 	var slotConfirmed pglogrepl.LSN
 	if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT s.confirmed_flush_lsn, coalesce(c.catchup_needed, false), c.catchup_upto
 		FROM pg_replication_slots s LEFT JOIN %s c ON c.slot_name = s.slot_name WHERE s.slot_name = $1`, tgt.slotTable),
@@ -484,17 +531,29 @@ func (s *session) handOff(ctx context.Context, t *txn) error {
 	if s.r.cfg.faults.ConfirmBeforeAck {
 		s.advance(t.end)
 	}
-	select {
-	case s.txCh <- t:
-		return nil
-	default:
+	n := payloadBytes(t.events)
+	taken := s.budget.take(n)
+	if taken {
+		select {
+		case s.txCh <- t:
+			return nil
+		default:
+		}
 	}
 	tick := time.NewTicker(s.r.cfg.standby)
 	defer tick.Stop()
 	for {
+		if !taken {
+			taken = s.budget.take(n)
+		}
+		var send chan<- *txn
+		if taken {
+			send = s.txCh
+		}
 		select {
-		case s.txCh <- t:
+		case send <- t:
 			return nil
+		case <-s.budget.freed:
 		case <-tick.C:
 			if err := s.sendStatus(false); err != nil {
 				return err
@@ -551,6 +610,9 @@ func (s *session) ship(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		// Acked (or dead): the payloads are no longer needed.
+		s.budget.give(payloadBytes(events))
+		clear(events)
 		now := time.Now()
 		for _, t := range batch {
 			if len(t.events) > 0 {
@@ -558,6 +620,7 @@ func (s *session) ship(ctx context.Context) error {
 			}
 		}
 		item := flushItem{outcomes: outs, lsn: batch[len(batch)-1].end, ntx: int64(len(batch))}
+		clear(batch)
 		if s.r.cfg.faults.ConfirmBeforeMark {
 			s.advance(item.lsn) // the broken order: confirmed before the rows say sent
 		}
@@ -941,9 +1004,12 @@ func (s *session) runCatchUp(ctx context.Context) error {
 const pendingCols = `id, event_id, tenant_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
 		topic, shard, content_type, payload, occurred_at, traceparent, correlation_id, causation_id, principal, action, target, created_at`
 
-// pendingEvents runs q (selecting pendingCols) and returns the events,
-// their created_at on a partitioned outbox (nil otherwise) and the highest
-// outbox id read.
+// pendingEvents runs q (selecting pendingCols, ORDER BY id) and returns
+// the events, their created_at on a partitioned outbox (nil otherwise) and
+// the highest outbox id kept. It keeps an id-ordered prefix of the rows
+// within the WithMaxPendingBytes budget (the first row always): the
+// callers go on from the last id kept, or find the rest pending at their
+// next round.
 func (s *session) pendingEvents(ctx context.Context, q string, args ...any) ([]ferry.Event, []time.Time, int64, error) {
 	rows, err := s.pool.Query(ctx, q, args...)
 	if err != nil {
@@ -952,7 +1018,7 @@ func (s *session) pendingEvents(ctx context.Context, q string, args ...any) ([]f
 	defer rows.Close()
 	var events []ferry.Event
 	var created []time.Time
-	var last int64
+	var last, bytes int64
 	for rows.Next() {
 		var e ferry.Event
 		var sv, shard int32
@@ -962,6 +1028,9 @@ func (s *session) pendingEvents(ctx context.Context, q string, args ...any) ([]f
 			&e.Topic, &shard, &e.ContentType, &e.Payload, &e.OccurredAt, &e.Headers.Traceparent, &e.Headers.CorrelationID,
 			&e.Headers.CausationID, &e.Headers.Principal, &e.Headers.Action, &e.Headers.Target, &at); err != nil {
 			return nil, nil, 0, fmt.Errorf("cdc: scan pending row: %w", err)
+		}
+		if bytes += int64(len(e.Payload)); len(events) > 0 && bytes > s.r.cfg.pendingBytes {
+			break
 		}
 		e.SchemaVersion, e.Shard = int(sv), int(shard)
 		e.OccurredAt = e.OccurredAt.UTC()

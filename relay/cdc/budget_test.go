@@ -1,0 +1,127 @@
+package cdc_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/broker"
+	"github.com/ferryhq/ferry/relay/cdc"
+)
+
+// gatedPublisher records the payload bytes of every Publish call and can
+// hold the calls until released, so the WAL reader runs ahead of a broker
+// that does not answer.
+type gatedPublisher struct {
+	broker.Publisher
+	mu    sync.Mutex
+	calls []int // payload bytes per call
+	gate  chan struct{}
+}
+
+func (g *gatedPublisher) Publish(ctx context.Context, events []ferry.Event) []broker.Result {
+	n := 0
+	for _, e := range events {
+		n += len(e.Payload)
+	}
+	g.mu.Lock()
+	g.calls = append(g.calls, n)
+	gate := g.gate
+	g.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+	}
+	return g.Publisher.Publish(ctx, events)
+}
+
+// largest returns how many calls there were and the largest payload of
+// those from the from-th on.
+func (g *gatedPublisher) largest(from int) (calls, most int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, n := range g.calls[min(from, len(g.calls)):] {
+		most = max(most, n)
+	}
+	return len(g.calls), most
+}
+
+// bigEvent is an event of aggregate agg with a payload of size bytes.
+func bigEvent(agg string, size int) ferry.Event {
+	e := event(agg)
+	e.Payload = []byte(`{"pad":"` + strings.Repeat("x", size-10) + `"}`)
+	return e
+}
+
+// TestMaxPendingBytes: with a 40 KiB budget and 10 KiB events no Publish
+// call carries more than 40 KiB — in the catch-up (rows written before the
+// slot existed, read from the table) and in the stream while the broker
+// holds the first call (the reader stops decoding instead of queueing
+// every transaction) — and every event arrives once, per aggregate in
+// order. The negative control, the default budget, hands the held-up
+// events to the broker in one call far above 40 KiB.
+func TestMaxPendingBytes(t *testing.T) {
+	const size, budget, n = 10 << 10, 40 << 10, 40
+	for _, tc := range []struct {
+		name    string
+		opts    []cdc.Option
+		bounded bool
+	}{
+		{"budget-40KiB", []cdc.Option{cdc.WithMaxPendingBytes(budget)}, true},
+		{"control-default-budget", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			h := newHarness(t)
+			k := startKafka(t)
+			var in []ferry.Event
+			insert := func() {
+				for i := range n {
+					e := bigEvent(fmt.Sprintf("o-%d", i%4), size)
+					got, err := h.w.Insert(ctx, e)
+					if err != nil {
+						t.Fatal(err)
+					}
+					in = append(in, got...)
+				}
+			}
+			insert() // before the slot: the catch-up reads them from the table
+			pub := &gatedPublisher{Publisher: k.publisher()}
+			h.start(pub, tc.opts...)
+			catchUpCalls, catchUpMost := pub.largest(0)
+
+			// The broker holds the next call; meanwhile n transactions commit.
+			gate := make(chan struct{})
+			pub.mu.Lock()
+			pub.gate = gate
+			pub.mu.Unlock()
+			insert()
+			waitFor(t, 20*time.Second, "first held call", func() bool { c, _ := pub.largest(0); return c > catchUpCalls })
+			time.Sleep(time.Second) // the reader decodes what it may
+			pub.mu.Lock()
+			pub.gate = nil
+			pub.mu.Unlock()
+			close(gate)
+
+			got := k.read(30*time.Second, allDelivered(in))
+			if v := judge(in, got); v.lost != 0 || v.duplicates != 0 || v.orderViolations != 0 {
+				t.Fatalf("%+v", v)
+			}
+			waitFor(t, 60*time.Second, "rows sent", func() bool { return h.statusCounts(ctx)["sent"] == 2*n })
+			calls, most := pub.largest(catchUpCalls)
+			t.Logf("catch-up: %d calls, largest %d bytes; stream: %d calls, largest %d bytes", catchUpCalls, catchUpMost, calls-catchUpCalls, most)
+			if tc.bounded && (most > budget || catchUpMost > budget) {
+				t.Fatalf("a publish call carried %d bytes (catch-up %d), budget %d", most, catchUpMost, budget)
+			}
+			if !tc.bounded && (most <= budget || catchUpMost <= budget) {
+				t.Fatalf("control: largest call %d bytes in the stream, %d in the catch-up, want both > %d (else the bounded case proves nothing)", most, catchUpMost, budget)
+			}
+		})
+	}
+}
