@@ -359,7 +359,7 @@ func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *pr
 	stacks := goroutineStacks()
 	waiting := proveFrames(stacks)
 	prog.dump(fmt.Sprintf("not finished within its limit of %s; its goroutines:", limit), stacks)
-	cfg.logger.Error("prove: scenario exceeded its limit", "scenario", sc.name, "limit", limit, "waiting_in", waiting)
+	cfg.logger.ErrorContext(ctx, "prove: scenario exceeded its limit", "scenario", sc.name, "limit", limit, "waiting_in", waiting)
 	cancel()
 	select {
 	case o := <-done:
