@@ -291,8 +291,8 @@ var errExitedAtStart = errors.New("exited at start")
 // start runs the postmaster on the data directory and port and waits
 // until it accepts connections (crash recovery included), within 30 s
 // (a RabbitMQ node: until it takes an AMQP login, within rabbitBootLimit).
-// A server that exits at start is started again (at most 5 times within
-// the limit): a restart on the same port after a crash can find the port
+// A server that exits at start is started again, every 250 ms until the
+// limit: a restart on the same port after a crash can find the port
 // briefly taken (the producers reconnecting to it all the while; a
 // loopback connect can be given the port it dials as its own and connect
 // to itself), and then the whole scenario failed on one bind.
@@ -302,9 +302,9 @@ func (p *tempServer) start(ctx context.Context) error {
 		limit = rabbitBootLimit
 	}
 	deadline := time.Now().Add(limit)
-	for attempt := 1; ; attempt++ {
+	for {
 		err := p.startOnce(ctx, limit, deadline)
-		if !errors.Is(err, errExitedAtStart) || attempt == 5 || time.Now().After(deadline) || ctx.Err() != nil {
+		if !errors.Is(err, errExitedAtStart) || time.Now().After(deadline) || ctx.Err() != nil {
 			return err
 		}
 		sleepCtx(ctx, 250*time.Millisecond)
@@ -431,6 +431,7 @@ func (p *tempServer) thaw() {
 func (p *tempServer) stopAll() []int {
 	pm := p.cmd.Process.Pid
 	_ = syscall.Kill(pm, syscall.SIGSTOP)
+	waitStopped(pm)
 	pids := append(descendants(pm), pm)
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGSTOP)
@@ -439,8 +440,8 @@ func (p *tempServer) stopAll() []int {
 }
 
 // descendants lists pid's children, their children and so on, stopping
-// each generation before reading the next (a stopped process forks no
-// more).
+// each generation, and waiting until it is stopped, before reading the
+// next (a stopped process forks no more).
 func descendants(pid int) []int {
 	var out []int
 	gen := []int{pid}
@@ -452,33 +453,155 @@ func descendants(pid int) []int {
 				next = append(next, c)
 			}
 		}
+		for _, c := range next {
+			waitStopped(c)
+		}
 		out, gen = append(out, next...), next
 	}
 	return out
 }
 
+// waitStopped waits (at most a second) until pid is stopped or gone. A
+// SIGSTOP takes effect only when the process next returns to user mode:
+// a postmaster signalled inside fork() completes it first, and a scan of
+// its children made before then misses the new one. That child (a
+// backend not yet past its start) lived on unkilled, attached to the
+// shared memory, so the restart on the same data directory refused to
+// start ("pre-existing shared memory block … is still in use"; the
+// project's CI at 574afdd, control-dual-write-db-crash).
+func waitStopped(pid int) {
+	for i := 0; i < 1000; i++ {
+		switch procState(pid) {
+		case 0, 'T', 't', 'Z', 'X':
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// procState is the state letter of pid in /proc (R, S, D, T, Z…), 0 if
+// it is gone.
+func procState(pid int) byte {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) {
+		return 0
+	}
+	return s[i+2]
+}
+
+// killWait bounds how long kill waits for the killed processes to be
+// gone. A SIGKILLed process in uninterruptible sleep (an fsync on a busy
+// disk) dies only when the I/O returns, and until then it holds the
+// Postgres shared memory segment.
+const killWait = 60 * time.Second
+
 // kill stops the postmaster and its children, SIGKILLs them all (none
-// runs in between) and waits, bounded, until every one is gone.
+// runs in between) and waits, within killWait, until every one is gone
+// and (Postgres) no process is attached to the cluster's shared memory
+// segment any more: the condition a restart on the same data directory
+// checks. Any process still working in the data directory (every
+// Postgres and MariaDB server process runs there) is SIGKILLed as well,
+// whoever its parent, so that one that escaped the scan by parent cannot
+// keep the restart waiting.
 func (p *tempServer) kill() {
 	if p.cmd == nil || p.cmd.Process == nil {
 		return
+	}
+	shmid, hasShm := 0, false
+	if p.kind == serverPostgres {
+		shmid, hasShm = pgShmID(filepath.Join(p.data, "postmaster.pid"))
 	}
 	pids := p.stopAll()
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
+	deadline := time.Now().Add(killWait)
 	select {
 	case <-p.exited:
-	case <-time.After(10 * time.Second):
+	case <-time.After(killWait):
 	}
 	// The children are reparented and reaped by init once the postmaster
 	// is gone.
-	for _, pid := range pids {
-		for i := 0; i < 200 && processAlive(pid); i++ {
-			time.Sleep(10 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		left := 0
+		for _, pid := range pids {
+			if processAlive(pid) {
+				left++
+			}
 		}
+		if p.kind != serverRabbitMQ {
+			for _, pid := range processesIn(p.data) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				left++
+			}
+		}
+		if left == 0 && (!hasShm || shmAttached(shmid) == 0) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	p.cmd = nil
+}
+
+// processesIn lists the live processes whose working directory is dir.
+func processesIn(dir string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil || n == os.Getpid() {
+			continue
+		}
+		if cwd, err := os.Readlink("/proc/" + e.Name() + "/cwd"); err == nil && cwd == dir && processAlive(n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// pgShmID reads the SysV shared memory id a postmaster recorded in its
+// postmaster.pid (line 7: key and id).
+func pgShmID(pidFile string) (int, bool) {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return 0, false
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) < 7 {
+		return 0, false
+	}
+	f := strings.Fields(lines[6])
+	if len(f) != 2 {
+		return 0, false
+	}
+	id, err := strconv.Atoi(f[1])
+	return id, err == nil
+}
+
+// shmAttached is the number of processes attached to SysV shared memory
+// segment id (/proc/sysvipc/shm), 0 when the segment is gone: the figure
+// a starting postmaster checks before it takes over a crashed cluster's
+// data directory.
+func shmAttached(id int) int {
+	b, err := os.ReadFile("/proc/sysvipc/shm")
+	if err != nil {
+		return 0
+	}
+	want := strconv.Itoa(id)
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		// key shmid perms size cpid lpid nattch …
+		f := strings.Fields(line)
+		if len(f) > 6 && f[1] == want {
+			n, _ := strconv.Atoi(f[6])
+			return n
+		}
+	}
+	return 0
 }
 
 // childPids lists the processes whose parent is pid (Linux /proc).
@@ -560,8 +683,17 @@ func sweepTempServers() {
 
 // killStale SIGKILLs the server whose pid pidFile names (and its
 // descendants), if /proc says it still runs on data: its command line
-// names data, or data is its working directory.
+// names data, or data is its working directory; and then any process
+// still working in data.
 func killStale(data, pidFile string) {
+	defer func() {
+		// Orphans: children of a server killed earlier that were
+		// reparented away (no longer found by parent) but still work in
+		// its directory.
+		for _, k := range processesIn(data) {
+			_ = syscall.Kill(k, syscall.SIGKILL)
+		}
+	}()
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return
@@ -579,6 +711,7 @@ func killStale(data, pidFile string) {
 		return // the pid was reused by something else
 	}
 	_ = syscall.Kill(pid, syscall.SIGSTOP)
+	waitStopped(pid)
 	kids := descendants(pid)
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 	for _, k := range kids {

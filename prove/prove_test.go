@@ -342,6 +342,41 @@ func TestScenarioLimit(t *testing.T) {
 	}
 }
 
+// TestScenarioLimitStillRunning: a scenario that ignores the cancel at
+// its limit is given up on after the grace: runLimited returns an error
+// saying it is still running, and does not wait for it.
+func TestScenarioLimitStillRunning(t *testing.T) {
+	cfg, err := newConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	release := make(chan struct{})
+	returned := make(chan struct{})
+	defer func() { close(release); <-returned }()
+	start := time.Now()
+	o := runLimited(context.Background(), &cfg, newProgress(&out), "stuck", 200*time.Millisecond, 300*time.Millisecond, func(context.Context) scenarioOutcome {
+		defer close(returned)
+		<-release // deaf to its context
+		return scenarioOutcome{}
+	})
+	took := time.Since(start)
+	if !errors.Is(o.err, ErrScenarioLimit) || !strings.Contains(o.err.Error(), "stuck not finished within 200ms, and still running 300ms after it was cancelled (waiting in ") {
+		t.Fatalf("want a still-running error naming the limit, the grace and where it waited, got %v", o.err)
+	}
+	if took < 500*time.Millisecond || took > 5*time.Second {
+		t.Errorf("runLimited returned after %s, want the limit plus the grace (500ms)", took)
+	}
+	if !strings.Contains(out.String(), "not finished within its limit of 200ms; its goroutines:") {
+		t.Errorf("no goroutine stacks on the progress writer:\n%.2000s", out.String())
+	}
+	select {
+	case <-returned:
+		t.Fatal("the stuck scenario returned before it was released: the test did not exercise the still-running path")
+	default:
+	}
+}
+
 func TestProveFrames(t *testing.T) {
 	stacks := `goroutine 1 [running]:
 github.com/ferryhq/ferry/prove.goroutineStacks()

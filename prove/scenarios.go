@@ -329,43 +329,54 @@ const scenarioGrace = 30 * time.Second
 // not, so a stuck scenario becomes an error with the stacks of what it
 // waited on instead of a run that never ends.
 func execute(ctx context.Context, cfg *config, st *stack, sc *scenario, prog *progress) (Figures, []string, string, []string, error) {
-	type outcome struct {
-		f     Figures
-		viol  []string
-		note  string
-		comps []string
-		err   error
-	}
 	limit := cfg.scenarioLimit
 	if limit == 0 {
 		limit = defaultScenarioLimit(cfg.duration)
 	}
+	o := runLimited(ctx, cfg, prog, sc.name, limit, scenarioGrace, func(sctx context.Context) (o scenarioOutcome) {
+		o.f, o.viol, o.note, o.comps, o.err = executeInner(sctx, cfg, st, sc, prog)
+		return o
+	})
+	return o.f, o.viol, o.note, o.comps, o.err
+}
+
+// scenarioOutcome is what executeInner returns.
+type scenarioOutcome struct {
+	f     Figures
+	viol  []string
+	note  string
+	comps []string
+	err   error
+}
+
+// runLimited runs run in a goroutine of its own. If it has not returned
+// within limit, the stacks of every goroutine go to the progress writer,
+// its context is cancelled, and its outcome is an error wrapping
+// ErrScenarioLimit; if it has not returned grace after the cancel either,
+// runLimited returns without it (it is left running).
+func runLimited(ctx context.Context, cfg *config, prog *progress, name string, limit, grace time.Duration, run func(context.Context) scenarioOutcome) scenarioOutcome {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan outcome, 1)
-	go func() {
-		var o outcome
-		o.f, o.viol, o.note, o.comps, o.err = executeInner(sctx, cfg, st, sc, prog)
-		done <- o
-	}()
+	done := make(chan scenarioOutcome, 1)
+	go func() { done <- run(sctx) }()
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
 	select {
 	case o := <-done:
-		return o.f, o.viol, o.note, o.comps, o.err
+		return o
 	case <-timer.C:
 	}
 	// The stacks before the cancel: they show what it was waiting on.
 	stacks := goroutineStacks()
 	waiting := proveFrames(stacks)
 	prog.dump(fmt.Sprintf("not finished within its limit of %s; its goroutines:", limit), stacks)
-	cfg.logger.ErrorContext(ctx, "prove: scenario exceeded its limit", "scenario", sc.name, "limit", limit, "waiting_in", waiting)
+	cfg.logger.ErrorContext(ctx, "prove: scenario exceeded its limit", "scenario", name, "limit", limit, "waiting_in", waiting)
 	cancel()
 	select {
 	case o := <-done:
-		return Figures{}, nil, "", o.comps, fmt.Errorf("%w: %s not finished within %s (stopped; it was waiting in %s)", ErrScenarioLimit, sc.name, limit, waiting)
-	case <-time.After(scenarioGrace):
-		return Figures{}, nil, "", nil, fmt.Errorf("%w: %s not finished within %s, and still running %s after it was cancelled (waiting in %s)", ErrScenarioLimit, sc.name, limit, scenarioGrace, waiting)
+		return scenarioOutcome{comps: o.comps, err: fmt.Errorf("%w: %s not finished within %s (stopped; it was waiting in %s)", ErrScenarioLimit, name, limit, waiting)}
+	case <-time.After(grace):
+		return scenarioOutcome{err: fmt.Errorf("%w: %s not finished within %s, and still running %s after it was cancelled (waiting in %s)", ErrScenarioLimit, name, limit, grace, waiting)}
 	}
 }
 

@@ -45,6 +45,7 @@ type txn struct {
 	created    []time.Time
 	end        pglogrepl.LSN // TransactionEndLSN: confirmed once every event is acked and recorded
 	commitTime time.Time
+	bytes      int64 // taken from the session's budget by handOff, given back once acked
 }
 
 // outcome of publishing one event.
@@ -531,7 +532,8 @@ func (s *session) handOff(ctx context.Context, t *txn) error {
 	if s.r.cfg.faults.ConfirmBeforeAck {
 		s.advance(t.end)
 	}
-	n := payloadBytes(t.events)
+	t.bytes = payloadBytes(t.events)
+	n := t.bytes
 	taken := s.budget.take(n)
 	if taken {
 		select {
@@ -611,14 +613,16 @@ func (s *session) ship(ctx context.Context) error {
 			return err
 		}
 		// Acked (or dead): the payloads are no longer needed.
-		s.budget.give(payloadBytes(events))
 		clear(events)
 		now := time.Now()
+		var acked int64
 		for _, t := range batch {
+			acked += t.bytes
 			if len(t.events) > 0 {
 				s.r.m.ackLatency.Observe(now.Sub(t.commitTime).Seconds())
 			}
 		}
+		s.budget.give(acked)
 		item := flushItem{outcomes: outs, lsn: batch[len(batch)-1].end, ntx: int64(len(batch))}
 		clear(batch)
 		if s.r.cfg.faults.ConfirmBeforeMark {
