@@ -423,7 +423,20 @@ func (r *Relay) start(ctx context.Context) error {
 	if found > 0 {
 		return &ShardCountError{Configured: r.cfg.shards, Found: found}
 	}
-	if _, err := exec.Exec(ctx, r.q.ensureLeases, r.cfg.shards); err != nil {
+	// Relays starting together all run this upsert of the same rows; on
+	// MySQL/MariaDB two of them can deadlock (each holds the shared lock
+	// a duplicate key takes and waits to upgrade it: the project's CI saw
+	// TestThreeRelays/mysql fail so). InnoDB rolled the loser back; the
+	// statement is retried, as the driver's ErrDeadlock says to.
+	for attempt := 1; ; attempt++ {
+		_, err := exec.Exec(ctx, r.q.ensureLeases, r.cfg.shards)
+		if err == nil {
+			break
+		}
+		if attempt < ensureLeasesTries && (errors.Is(err, driver.ErrDeadlock) || errors.Is(err, driver.ErrLockTimeout)) &&
+			backoff.Sleep(ctx, backoff.Full(10*time.Millisecond, 500*time.Millisecond, attempt)) {
+			continue
+		}
 		return fmt.Errorf("relay: create lease rows (did `ferry migrate up` run?): %w", err)
 	}
 	// A previous incarnation with our id crashed holding leases: adopt
@@ -526,3 +539,7 @@ func sleep(ctx context.Context, d time.Duration) bool { return backoff.Sleep(ctx
 func (r *Relay) partitions() partition.Keeper {
 	return partition.Keeper{Exec: r.db.Executor(), Tables: r.cfg.tables, Table: partition.Outbox, Log: r.log}
 }
+
+// ensureLeasesTries bounds the start's upsert of the lease rows when it is
+// chosen as a deadlock victim.
+const ensureLeasesTries = 8
