@@ -633,13 +633,11 @@ func childPids(pid int) []int {
 
 // processAlive reports whether pid exists and is not a zombie.
 func processAlive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
+	switch procState(pid) {
+	case 0, 'Z', 'X':
 		return false
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+	return true
 }
 
 // close kills the server (and a RabbitMQ node's epmd) and removes its
