@@ -433,9 +433,13 @@ func (r *Relay) start(ctx context.Context) error {
 		if err == nil {
 			break
 		}
-		if attempt < ensureLeasesTries && (errors.Is(err, driver.ErrDeadlock) || errors.Is(err, driver.ErrLockTimeout)) &&
+		contended := errors.Is(err, driver.ErrDeadlock) || errors.Is(err, driver.ErrLockTimeout)
+		if contended && attempt < ensureLeasesTries &&
 			backoff.Sleep(ctx, backoff.Full(10*time.Millisecond, 500*time.Millisecond, attempt)) {
 			continue
+		}
+		if contended {
+			return fmt.Errorf("relay: create lease rows: still contended after %d tries: %w", attempt, err)
 		}
 		return fmt.Errorf("relay: create lease rows (did `ferry migrate up` run?): %w", err)
 	}
