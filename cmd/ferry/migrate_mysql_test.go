@@ -21,7 +21,7 @@ func TestMigrateMySQLCLI(t *testing.T) {
 		t.Fatalf("second up: %v\n%s", err, out)
 	}
 	out, err = runCLI(t, "migrate", "status", "--database-url", d.URL)
-	if err != nil || !strings.Contains(out, "version 12 of 12") {
+	if err != nil || !strings.Contains(out, "version 13 of 13") {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
 	ddl, err := runCLI(t, "migrate", "sql", "--dialect", "mysql")
