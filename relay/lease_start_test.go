@@ -10,15 +10,26 @@ import (
 	"github.com/ferryhq/ferry/driver/mysql"
 )
 
-// TestStartRetriesLeaseUpsert: when MySQL/MariaDB gives up the start's
-// upsert of the lease rows (a lock wait timeout here; a deadlock when
-// relays start together, as the project's CI once saw), the start retries
-// it instead of failing. The relay's sessions give up a lock wait after 1 s
-// (a session variable in the URL: the shared server is untouched) while a
-// transaction holds shard 0's row uncommitted for 2.5 s, so at least one
-// try must fail and be retried. Without the retry Run returns "create
-// lease rows: driver: lock wait timeout" and the test fails.
-func TestStartRetriesLeaseUpsert(t *testing.T) {
+// TestStartRetriesContention: when MySQL/MariaDB gives up one of the
+// start's writes to rows every starting relay writes (a lock wait timeout
+// here; a deadlock when relays start together, as the project's CI once
+// saw), the start retries it instead of failing. The relay's sessions give
+// up a lock wait after 1 s (a session variable in the URL: the shared
+// server is untouched) while a transaction holds a row the start writes
+// uncommitted for 2.5 s, so at least one try must fail and be retried:
+// shard 0's lease row (the upsert of the lease rows), or the relay's own
+// instance row (the first lease tick's heartbeat). Without the retry Run
+// returns "driver: lock wait timeout" and the test fails.
+func TestStartRetriesContention(t *testing.T) {
+	for name, hold := range map[string]string{
+		"lease_rows": "INSERT INTO ferry_relay_leases (shard) VALUES (0)",
+		"heartbeat":  "INSERT INTO ferry_relay_instances (instance_id, shard_count, expires_at) VALUES ('relay-held', 4, NOW(6))",
+	} {
+		t.Run(name, func(t *testing.T) { testStartRetriesContention(t, hold) })
+	}
+}
+
+func testStartRetriesContention(t *testing.T, holdSQL string) {
 	s := newMySQLStore(t, 4)
 	ctx := context.Background()
 	u, err := url.Parse(s.url)
@@ -38,7 +49,7 @@ func TestStartRetriesLeaseUpsert(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.ExecContext(ctx, "INSERT INTO ferry_relay_leases (shard) VALUES (0)"); err != nil {
+	if _, err := tx.ExecContext(ctx, holdSQL); err != nil {
 		t.Fatal(err)
 	}
 	const hold = 2500 * time.Millisecond
@@ -52,7 +63,7 @@ func TestStartRetriesLeaseUpsert(t *testing.T) {
 	}()
 
 	n := startEmbeddedNATS(t)
-	r, err := New(mysql.New(db), n.publisher(t), fastOpts(4)...)
+	r, err := New(mysql.New(db), n.publisher(t), append(fastOpts(4), WithInstanceID("relay-held"))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +76,7 @@ func TestStartRetriesLeaseUpsert(t *testing.T) {
 	for len(r.Status().OwnedShards) != 4 {
 		select {
 		case err := <-done:
-			t.Fatalf("Run returned %v while the lease row was held, want it to retry the upsert", err)
+			t.Fatalf("Run returned %v while a row it writes was held, want it to retry", err)
 		case <-deadline:
 			t.Fatalf("relay owns %v after 30 s, want 4 shards", r.Status().OwnedShards)
 		case <-time.After(20 * time.Millisecond):

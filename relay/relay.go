@@ -426,20 +426,13 @@ func (r *Relay) start(ctx context.Context) error {
 	// Relays starting together all run this upsert of the same rows; on
 	// MySQL/MariaDB two of them can deadlock (each holds the shared lock
 	// a duplicate key takes and waits to upgrade it: the project's CI saw
-	// TestThreeRelays/mysql fail so). InnoDB rolled the loser back; the
-	// statement is retried, as the driver's ErrDeadlock says to.
-	for attempt := 1; ; attempt++ {
+	// TestThreeRelays/mysql fail so).
+	if tries, err := retryContended(ctx, func() error {
 		_, err := exec.Exec(ctx, r.q.ensureLeases, r.cfg.shards)
-		if err == nil {
-			break
-		}
-		contended := errors.Is(err, driver.ErrDeadlock) || errors.Is(err, driver.ErrLockTimeout)
-		if contended && attempt < ensureLeasesTries &&
-			backoff.Sleep(ctx, backoff.Full(10*time.Millisecond, 500*time.Millisecond, attempt)) {
-			continue
-		}
-		if contended {
-			return fmt.Errorf("relay: create lease rows: still contended after %d tries: %w", attempt, err)
+		return err
+	}); err != nil {
+		if isContention(err) {
+			return fmt.Errorf("relay: create lease rows: still contended after %d tries: %w", tries, err)
 		}
 		return fmt.Errorf("relay: create lease rows (did `ferry migrate up` run?): %w", err)
 	}
@@ -455,7 +448,13 @@ func (r *Relay) start(ctx context.Context) error {
 	r.breaker = BreakerClosed
 	r.mu.Unlock()
 	r.m.setBreaker(BreakerClosed)
-	if err := r.leaseTick(ctx); err != nil {
+	// The first lease tick (heartbeat, renew, acquire) meets the same
+	// contention from relays starting beside this one; later ticks retry
+	// on their own schedule, this one would end the start.
+	if tries, err := retryContended(ctx, func() error { return r.leaseTick(ctx) }); err != nil {
+		if isContention(err) {
+			return fmt.Errorf("%w (still contended after %d tries)", err, tries)
+		}
 		return err
 	}
 	r.log.InfoContext(ctx, "relay started", "shard_count", r.cfg.shards, "owned_shards", len(r.Status().OwnedShards), "batch_size", r.cfg.batch)
@@ -544,6 +543,27 @@ func (r *Relay) partitions() partition.Keeper {
 	return partition.Keeper{Exec: r.db.Executor(), Tables: r.cfg.tables, Table: partition.Outbox, Log: r.log}
 }
 
-// ensureLeasesTries bounds the start's upsert of the lease rows when it is
-// chosen as a deadlock victim.
-const ensureLeasesTries = 8
+// startContendedTries bounds retryContended.
+const startContendedTries = 8
+
+// isContention reports whether err is the database giving up on a lock:
+// chosen as a deadlock victim or out of lock wait time (MySQL/MariaDB;
+// InnoDB rolled the statement or transaction back). Retrying is the
+// documented answer.
+func isContention(err error) bool {
+	return errors.Is(err, driver.ErrDeadlock) || errors.Is(err, driver.ErrLockTimeout)
+}
+
+// retryContended runs f, the start's writes to rows every starting relay
+// writes, again while it fails with contention, up to startContendedTries
+// tries with full-jitter backoff (10 ms..500 ms). It returns the tries made
+// and f's last error.
+func retryContended(ctx context.Context, f func() error) (int, error) {
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil || !isContention(err) || attempt >= startContendedTries ||
+			!backoff.Sleep(ctx, backoff.Full(10*time.Millisecond, 500*time.Millisecond, attempt)) {
+			return attempt, err
+		}
+	}
+}
