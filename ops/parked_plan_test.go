@@ -59,34 +59,16 @@ FROM generate_series(1, 100000) g`); err != nil {
 	if stmt == nil {
 		t.Fatal("evidence ran no statement on ferry_inbox_parked")
 	}
-	parkedReads := func() (rows float64, nodes []string) {
-		var raw []byte
-		if err := pg.Pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+stmt.SQL, stmt.Args...).Scan(&raw); err != nil {
-			t.Fatalf("explain %s: %v", stmt.SQL, err)
-		}
-		testenv.WalkPlan(t, raw, func(n map[string]any) {
-			if n["Relation Name"] != "ferry_inbox_parked" {
-				return
-			}
-			got, _ := n["Actual Rows"].(float64)
-			removed, _ := n["Rows Removed by Filter"].(float64)
-			rows += got + removed
-			typ, _ := n["Node Type"].(string)
-			ix, _ := n["Index Name"].(string)
-			nodes = append(nodes, strings.TrimSpace(typ+" "+ix))
-		})
-		return rows, nodes
-	}
-	rows, nodes := parkedReads()
-	if rows != 1 || len(nodes) != 1 || !strings.Contains(nodes[0], "inbox_parked_event_idx") {
-		t.Errorf("evidence's parked lookup read %.0f rows by %v, want 1 row by inbox_parked_event_idx\n%s", rows, nodes, stmt.SQL)
+	r := explainReads(t, pg.Pool, "ferry_inbox_parked", stmt.SQL, stmt.Args...)
+	if r.rows != 1 || !strings.Contains(r.plan, "inbox_parked_event_idx") {
+		t.Errorf("evidence's parked lookup read %d rows, want 1 by inbox_parked_event_idx\n%s\n%s", r.rows, r.plan, stmt.SQL)
 	}
 
 	// Control: without the index the lookup reads every parked row.
 	if _, err := pg.Pool.Exec(ctx, `DROP INDEX ferry_inbox_parked_event_idx`); err != nil {
 		t.Fatal(err)
 	}
-	if rows, nodes := parkedReads(); rows < 100000 {
-		t.Errorf("control: without the index the lookup read %.0f rows by %v, want the whole table", rows, nodes)
+	if r := explainReads(t, pg.Pool, "ferry_inbox_parked", stmt.SQL, stmt.Args...); r.rows < 100000 {
+		t.Errorf("control: without the index the lookup read %d rows, want the whole table\n%s", r.rows, r.plan)
 	}
 }

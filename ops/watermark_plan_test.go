@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/ops"
@@ -21,19 +23,24 @@ type recordDB struct {
 
 func (r *recordDB) Executor() driver.Executor { return r.Wrap(r.DB.Executor()) }
 
-// outboxReads is what EXPLAIN (ANALYZE, BUFFERS) says a statement read:
-// the outbox rows its scans visited (returned, or removed by a filter or
-// recheck, over all loops) and the shared buffers it touched.
-type outboxReads struct {
+// tableReads is what EXPLAIN (ANALYZE, BUFFERS) says a statement read of
+// one table: the rows its scans of the table visited (returned, or removed
+// by a filter or recheck, over all loops), the shared buffers the whole
+// statement touched, and the plan, one node a line.
+type tableReads struct {
 	rows    int64
 	buffers int64
 	plan    string
 }
 
-func explainOutboxReads(t *testing.T, e *env, sql string, args ...any) outboxReads {
+// explainReads runs EXPLAIN (ANALYZE, BUFFERS) of sql and counts the reads
+// of relation.
+func explainReads(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, relation, sql string, args ...any) tableReads {
 	t.Helper()
 	var raw []byte
-	if err := e.pg.Pool.QueryRow(context.Background(), "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
+	if err := pool.QueryRow(context.Background(), "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
 		t.Fatalf("explain %s: %v", sql, err)
 	}
 	var doc []struct {
@@ -42,12 +49,12 @@ func explainOutboxReads(t *testing.T, e *env, sql string, args ...any) outboxRea
 	if err := json.Unmarshal(raw, &doc); err != nil || len(doc) != 1 {
 		t.Fatalf("explain output: %v %s", err, raw)
 	}
-	var r outboxReads
+	var r tableReads
 	num := func(n map[string]any, k string) float64 { v, _ := n[k].(float64); return v }
 	var lines []string
 	var walk func(n map[string]any, depth int)
 	walk = func(n map[string]any, depth int) {
-		if n["Relation Name"] == tables.Bare("outbox") {
+		if n["Relation Name"] == relation {
 			loops := num(n, "Actual Loops")
 			r.rows += int64(loops * (num(n, "Actual Rows") + num(n, "Rows Removed by Filter") + num(n, "Rows Removed by Index Recheck")))
 		}
@@ -127,7 +134,7 @@ FROM generate_series(0, %[4]d) s`, tn("relay_leases"), tn("outbox"), wmBelow, sh
 	check := func(what string) {
 		t.Helper()
 		for _, s := range outboxStatements() {
-			r := explainOutboxReads(t, e, s.SQL, s.Args...)
+			r := explainReads(t, e.pg.Pool, tables.Bare("outbox"), s.SQL, s.Args...)
 			t.Logf("%s: %d outbox rows visited, %d buffers", what, r.rows, r.buffers)
 			if r.rows > 5_000 {
 				t.Errorf("%s visits %d outbox rows of %d (199,000 of them sent):\n%s\n%s", what, r.rows, rows, s.SQL, r.plan)
@@ -167,7 +174,7 @@ FROM generate_series(0, %[4]d) s`, tn("relay_leases"), tn("outbox"), wmBelow, sh
 	}
 	check("CountPending")
 
-	ctl := explainOutboxReads(t, e, fmt.Sprintf(`SELECT topic, shard,
+	ctl := explainReads(t, e.pg.Pool, tables.Bare("outbox"), fmt.Sprintf(`SELECT topic, shard,
     SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END), MIN(CASE WHEN status = 'pending' THEN created_at END)
 FROM %s WHERE status <> 'sent' GROUP BY topic, shard`, tn("outbox")))
 	t.Logf("control (status <> 'sent'): %d outbox rows visited, %d buffers", ctl.rows, ctl.buffers)
