@@ -125,3 +125,71 @@ func TestMaxPendingBytes(t *testing.T) {
 		})
 	}
 }
+
+// TestLargeTransactionShipsInParts: one transaction of 40 events of
+// 10 KiB (400 KiB) with a 40 KiB budget is handed to the broker in parts
+// while the reader decodes it, not held whole and shipped in one call: no
+// publish call carries more than the budget, every event arrives once and
+// in order per aggregate, every row is marked sent, and the slot confirms
+// the transaction once its last part is acked and recorded. The broker
+// holds the first call for a second, so the reader must stop mid-
+// transaction. Negative control, the default budget: the transaction goes
+// out in one call of 400 KiB.
+func TestLargeTransactionShipsInParts(t *testing.T) {
+	const size, budget, n = 10 << 10, 40 << 10, 40
+	for _, tc := range []struct {
+		name    string
+		opts    []cdc.Option
+		bounded bool
+	}{
+		{"budget-40KiB", []cdc.Option{cdc.WithMaxPendingBytes(budget)}, true},
+		{"control-default-budget", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			h := newHarness(t)
+			k := startKafka(t)
+			pub := &gatedPublisher{Publisher: k.publisher()}
+			h.start(pub, tc.opts...)
+			before, _ := pub.largest(0)
+
+			gate := make(chan struct{})
+			pub.mu.Lock()
+			pub.gate = gate
+			pub.mu.Unlock()
+			events := make([]ferry.Event, n)
+			for i := range events {
+				events[i] = bigEvent(fmt.Sprintf("o-%d", i%4), size)
+			}
+			in, err := h.w.Insert(ctx, events...) // one transaction
+			if err != nil {
+				t.Fatal(err)
+			}
+			committed := h.currentWAL(ctx)
+			waitFor(t, 20*time.Second, "first held call", func() bool { c, _ := pub.largest(0); return c > before })
+			time.Sleep(time.Second) // the reader decodes what it may
+			if c := h.confirmed(ctx); c >= committed {
+				t.Fatalf("slot confirmed %s while the transaction's first call is held (committed by %s)", c, committed)
+			}
+			pub.mu.Lock()
+			pub.gate = nil
+			pub.mu.Unlock()
+			close(gate)
+
+			got := k.read(30*time.Second, allDelivered(in))
+			if v := judge(in, got); v.lost != 0 || v.duplicates != 0 || v.orderViolations != 0 {
+				t.Fatalf("%+v", v)
+			}
+			waitFor(t, 60*time.Second, "rows sent", func() bool { return h.statusCounts(ctx)["sent"] == n })
+			waitFor(t, 30*time.Second, "slot past the transaction", func() bool { return h.confirmed(ctx) >= committed })
+			calls, most := pub.largest(before)
+			t.Logf("%d calls, largest %d bytes", calls-before, most)
+			if tc.bounded && most > budget {
+				t.Fatalf("a publish call carried %d bytes, budget %d: the transaction was not shipped in parts", most, budget)
+			}
+			if !tc.bounded && most < n*size {
+				t.Fatalf("control: largest call %d bytes, want the whole transaction (%d) in one (else the bounded case proves nothing)", most, n*size)
+			}
+		})
+	}
+}

@@ -120,8 +120,8 @@ func WithFlushInterval(d time.Duration) Option { return func(c *config) { c.flus
 func WithReconcileInterval(d time.Duration) Option { return func(c *config) { c.reconcile = d } }
 
 // WithMaxBatch bounds the events handed to one Publisher.Publish call
-// (default 512). Transactions are never split across calls unless one
-// transaction alone is larger.
+// (default 512). A transaction is split across calls only when it alone
+// is larger, or when it is handed off in parts (WithMaxPendingBytes).
 func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 
 // DefaultMaxPendingBytes and MaxMaxPendingBytes are WithMaxPendingBytes'
@@ -137,9 +137,11 @@ const (
 // WAL reader stops reading (and keeps the replication session alive with
 // status updates) until acknowledged batches free it; the catch-up and
 // the reconcile read their rows from the table within the same budget. A
-// transaction is never split: one larger than the budget is admitted
-// alone, so it still ships. Without it only the number of transactions
-// (4096) bounds the memory, whatever their sizes.
+// transaction whose payloads reach a quarter of the budget is handed to
+// the broker in parts as it is decoded (it is committed: pgoutput sends
+// only committed transactions), so a large one is never held whole; its
+// LSN is confirmed only with its last part. Without the budget only the
+// number of transactions (4096) bounds the memory, whatever their sizes.
 func WithMaxPendingBytes(n int) Option { return func(c *config) { c.pendingBytes = int64(n) } }
 
 // CheckOptions validates opts as New would, without a database or a

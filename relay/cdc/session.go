@@ -37,15 +37,21 @@ func pgCode(err error) string {
 	return ""
 }
 
-// txn is one committed outbox transaction from the stream.
+// txn is one committed outbox transaction from the stream, or a part of
+// one: a transaction whose payloads reach a quarter of the budget is
+// handed off in parts (partBytes) as it is decoded, so the reader never
+// holds a large one whole. Only the last part carries the end LSN.
 type txn struct {
 	events []ferry.Event
 	// created holds each event's created_at on a partitioned outbox (nil
 	// otherwise): the marks name the row's partition with it.
-	created    []time.Time
-	end        pglogrepl.LSN // TransactionEndLSN: confirmed once every event is acked and recorded
+	created []time.Time
+	// end is the TransactionEndLSN, confirmed once every event of the
+	// transaction (every part) is acked and recorded; 0 on a part that
+	// is not the last, which confirms nothing.
+	end        pglogrepl.LSN
 	commitTime time.Time
-	bytes      int64 // taken from the session's budget by handOff, given back once acked
+	bytes      int64 // payload bytes: taken from the session's budget by handOff, given back once acked
 }
 
 // outcome of publishing one event.
@@ -73,7 +79,7 @@ type session struct {
 	catchUp bool
 	// catchUpTo bounds the catch-up to ids <= it (nil: unbounded).
 	catchUpTo *int64
-	inflight  atomic.Int64 // transactions handed off and not yet confirmed
+	inflight  atomic.Int64 // transactions (or parts of one) handed off and not yet confirmed
 	// confirmed is the highest LSN safe to report as flushed.
 	confirmed atomic.Uint64
 	txCh      chan *txn
@@ -118,14 +124,13 @@ func (b *byteBudget) give(n int64) {
 	}
 }
 
-// payloadBytes is what the budget counts of events: their payloads.
-func payloadBytes(events []ferry.Event) int64 {
-	var n int64
-	for i := range events {
-		n += int64(len(events[i].Payload))
-	}
-	return n
-}
+// partBytes is the payload size at which the reader hands off what it
+// has decoded of a transaction not yet committed in the stream: a quarter
+// of the budget, so parts of one transaction pipeline through it. The
+// transaction is committed (pgoutput sends only committed ones), so a part
+// may be published before the rest is read; its LSN is confirmed only
+// with the last part.
+func (b *byteBudget) partBytes() int64 { return max(b.limit/4, 1) }
 
 // session holds the slot until an error or ctx ends.
 func (r *Relay) session(ctx context.Context, pool *pgxpool.Pool, tgt target) error {
@@ -495,12 +500,20 @@ func (s *session) read(ctx context.Context) error {
 					return err
 				}
 				cur.events = append(cur.events, ev)
+				cur.bytes += int64(len(ev.Payload))
 				if s.tgt.partitioned {
 					at, err := rel.createdAt(m.Tuple)
 					if err != nil {
 						return err
 					}
 					cur.created = append(cur.created, at)
+				}
+				if cur.bytes >= s.budget.partBytes() {
+					part := cur
+					cur = &txn{commitTime: part.commitTime}
+					if err := s.handOff(ctx, part); err != nil {
+						return err
+					}
 				}
 			case *pglogrepl.CommitMessage:
 				if cur == nil {
@@ -532,7 +545,6 @@ func (s *session) handOff(ctx context.Context, t *txn) error {
 	if s.r.cfg.faults.ConfirmBeforeAck {
 		s.advance(t.end)
 	}
-	t.bytes = payloadBytes(t.events)
 	n := t.bytes
 	taken := s.budget.take(n)
 	if taken {
@@ -623,7 +635,10 @@ func (s *session) ship(ctx context.Context) error {
 			}
 		}
 		s.budget.give(acked)
-		item := flushItem{outcomes: outs, lsn: batch[len(batch)-1].end, ntx: int64(len(batch))}
+		item := flushItem{outcomes: outs, ntx: int64(len(batch))}
+		for _, t := range batch {
+			item.lsn = max(item.lsn, t.end) // a part of a transaction confirms nothing
+		}
 		clear(batch)
 		if s.r.cfg.faults.ConfirmBeforeMark {
 			s.advance(item.lsn) // the broken order: confirmed before the rows say sent
@@ -763,11 +778,12 @@ func (s *session) flush(ctx context.Context) error {
 		}
 		var outs []outcome
 		var ntx int64
+		var lsn pglogrepl.LSN
 		for _, it := range items {
 			outs = append(outs, it.outcomes...)
 			ntx += it.ntx
+			lsn = max(lsn, it.lsn)
 		}
-		lsn := items[len(items)-1].lsn
 		if err := s.record(ctx, outs); err != nil {
 			return err
 		}
