@@ -52,6 +52,34 @@ func (g *gatedPublisher) largest(from int) (calls, most int) {
 	return len(g.calls), most
 }
 
+// hold makes the next Publish calls wait until release is called.
+func (g *gatedPublisher) hold() (release func()) {
+	gate := make(chan struct{})
+	g.mu.Lock()
+	g.gate = gate
+	g.mu.Unlock()
+	return func() {
+		g.mu.Lock()
+		g.gate = nil
+		g.mu.Unlock()
+		close(gate)
+	}
+}
+
+// The budget tests' events and budget: 40 events of 10 KiB under 40 KiB,
+// and their cases: the budget, and the default budget as the negative
+// control.
+const budgetEventSize, budgetBytes, budgetEvents = 10 << 10, 40 << 10, 40
+
+var budgetCases = []struct {
+	name    string
+	opts    []cdc.Option
+	bounded bool
+}{
+	{"budget-40KiB", []cdc.Option{cdc.WithMaxPendingBytes(budgetBytes)}, true},
+	{"control-default-budget", nil, false},
+}
+
 // bigEvent is an event of aggregate agg with a payload of size bytes.
 func bigEvent(agg string, size int) ferry.Event {
 	e := event(agg)
@@ -67,15 +95,8 @@ func bigEvent(agg string, size int) ferry.Event {
 // order. The negative control, the default budget, hands the held-up
 // events to the broker in one call far above 40 KiB.
 func TestMaxPendingBytes(t *testing.T) {
-	const size, budget, n = 10 << 10, 40 << 10, 40
-	for _, tc := range []struct {
-		name    string
-		opts    []cdc.Option
-		bounded bool
-	}{
-		{"budget-40KiB", []cdc.Option{cdc.WithMaxPendingBytes(budget)}, true},
-		{"control-default-budget", nil, false},
-	} {
+	const size, budget, n = budgetEventSize, budgetBytes, budgetEvents
+	for _, tc := range budgetCases {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			h := newHarness(t)
@@ -97,17 +118,11 @@ func TestMaxPendingBytes(t *testing.T) {
 			catchUpCalls, catchUpMost := pub.largest(0)
 
 			// The broker holds the next call; meanwhile n transactions commit.
-			gate := make(chan struct{})
-			pub.mu.Lock()
-			pub.gate = gate
-			pub.mu.Unlock()
+			release := pub.hold()
 			insert()
 			waitFor(t, 20*time.Second, "first held call", func() bool { c, _ := pub.largest(0); return c > catchUpCalls })
 			time.Sleep(time.Second) // the reader decodes what it may
-			pub.mu.Lock()
-			pub.gate = nil
-			pub.mu.Unlock()
-			close(gate)
+			release()
 
 			got := k.read(30*time.Second, allDelivered(in))
 			if v := judge(in, got); v.lost != 0 || v.duplicates != 0 || v.orderViolations != 0 {
@@ -136,15 +151,8 @@ func TestMaxPendingBytes(t *testing.T) {
 // transaction. Negative control, the default budget: the transaction goes
 // out in one call of 400 KiB.
 func TestLargeTransactionShipsInParts(t *testing.T) {
-	const size, budget, n = 10 << 10, 40 << 10, 40
-	for _, tc := range []struct {
-		name    string
-		opts    []cdc.Option
-		bounded bool
-	}{
-		{"budget-40KiB", []cdc.Option{cdc.WithMaxPendingBytes(budget)}, true},
-		{"control-default-budget", nil, false},
-	} {
+	const size, budget, n = budgetEventSize, budgetBytes, budgetEvents
+	for _, tc := range budgetCases {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			h := newHarness(t)
@@ -153,10 +161,7 @@ func TestLargeTransactionShipsInParts(t *testing.T) {
 			h.start(pub, tc.opts...)
 			before, _ := pub.largest(0)
 
-			gate := make(chan struct{})
-			pub.mu.Lock()
-			pub.gate = gate
-			pub.mu.Unlock()
+			release := pub.hold()
 			events := make([]ferry.Event, n)
 			for i := range events {
 				events[i] = bigEvent(fmt.Sprintf("o-%d", i%4), size)
@@ -171,10 +176,7 @@ func TestLargeTransactionShipsInParts(t *testing.T) {
 			if c := h.confirmed(ctx); c >= committed {
 				t.Fatalf("slot confirmed %s while the transaction's first call is held (committed by %s)", c, committed)
 			}
-			pub.mu.Lock()
-			pub.gate = nil
-			pub.mu.Unlock()
-			close(gate)
+			release()
 
 			got := k.read(30*time.Second, allDelivered(in))
 			if v := judge(in, got); v.lost != 0 || v.duplicates != 0 || v.orderViolations != 0 {
