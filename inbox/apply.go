@@ -384,6 +384,13 @@ func savepoint(ctx context.Context, tx driver.Tx, name string, release bool) err
 	return nil
 }
 
+func releaseSavepoint(ctx context.Context, tx driver.Tx, name string) error {
+	if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+name); err != nil {
+		return fmt.Errorf("inbox: release savepoint: %w", err)
+	}
+	return nil
+}
+
 func rollbackTo(ctx context.Context, tx driver.Tx, name string) error {
 	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+name); err != nil {
 		return fmt.Errorf("inbox: rollback to savepoint: %w", err)

@@ -9,6 +9,7 @@ import (
 	"github.com/ferryhq/ferry/driver"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,6 +133,50 @@ func TestOrderGapParkedThenApplied(t *testing.T) {
 			mustDeliver(t, ib, old)
 			if st := ib.Stats(); st.Stale != 1 || len(effects(t, s.db)) != 3 {
 				t.Fatalf("stale: stats %+v effects %d", st, len(effects(t, s.db)))
+			}
+		})
+	}
+}
+
+// A parked successor whose replay fails with an error that aborts the
+// whole transaction (a MySQL deadlock: InnoDB rolls the transaction back,
+// savepoints included) fails the predecessor's delivery too, which is then
+// retried: swallowing it acked the predecessor with its effect rolled back
+// and left the successor parked for ever (found by the chaos test on
+// MySQL). The hook aborts the transaction the way the deadlock does.
+func TestSuccessorAbortingTransactionRetriesPredecessor(t *testing.T) {
+	for _, s := range stores(t) {
+		t.Run(s.name, func(t *testing.T) {
+			ib := newInbox(t, s, nil)
+			e1, e2, e3 := event(t, "acme", "o1", 1, "a"), event(t, "acme", "o1", 2, "b"), event(t, "acme", "o1", 3, "c")
+			mustDeliver(t, ib, e1)
+			mustDeliver(t, ib, e3)
+			var fired atomic.Bool
+			ib.cfg.beforeResolveParked = func(ctx context.Context, tx driver.Tx) error {
+				if fired.Swap(true) {
+					return nil
+				}
+				if _, err := tx.Exec(ctx, "ROLLBACK"); err != nil {
+					return err
+				}
+				return errors.New("deadlock found when trying to get lock (injected)")
+			}
+			acked, _, _ := deliver(t, ib, e2)
+			if !fired.Load() {
+				t.Fatal("the successor's replay never reached the hook")
+			}
+			if acked {
+				t.Fatalf("the predecessor was acked although its transaction was aborted (effects %s)", seqs(effects(t, s.db)))
+			}
+			if got := seqs(effects(t, s.db)); got != "1" {
+				t.Fatalf("after the aborted transaction: effects %s, want 1", got)
+			}
+			mustDeliver(t, ib, e2) // the broker's redelivery
+			if got := seqs(effects(t, s.db)); got != "1,2,3" {
+				t.Fatalf("after the redelivery: effects %s, want 1,2,3", got)
+			}
+			if gaps := openParked(t, ib, ReasonGap); len(gaps) != 0 {
+				t.Fatalf("open gaps after the redelivery: %+v", gaps)
 			}
 		})
 	}

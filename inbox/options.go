@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/driver"
 )
 
 // Handler applies one event's effect inside tx, the consumer's transaction.
@@ -96,6 +97,9 @@ type config struct {
 	now            func() time.Time
 	tracer         trace.Tracer
 	nonAtomicTest  bool // negative control: claim and effect in separate transactions
+	// beforeResolveParked (tests) runs before a replayed parked row is
+	// marked resolved, inside the transaction; an error fails the replay.
+	beforeResolveParked func(ctx context.Context, tx driver.Tx) error
 	// alwaysSavepoints skips the optimistic batch pass (benchmarks compare).
 	alwaysSavepoints bool
 }

@@ -318,6 +318,18 @@ func describeStep(sr stepResult, current Reason) (Outcome, Reason, string) {
 func (ib *Inbox[TTx]) replayParked(ctx context.Context, txv TTx, tx driver.Tx, p Parked, tally *txTally) (bool, int64, error) {
 	done, seq, _, err := ib.replayParkedResult(ctx, txv, tx, p, tally)
 	if err != nil {
+		// Only an error the savepoint undoes is the successor's alone. A
+		// MySQL deadlock rolls back the whole transaction, savepoint and
+		// the outer message's effect with it: swallowing that error
+		// committed nothing and acked the outer message, whose successors
+		// then waited parked for ever (the chaos test, mysql/batch-64). The
+		// transaction fails instead and its messages are retried.
+		if rbErr := rollbackTo(ctx, tx, replaySavepoint); rbErr != nil {
+			return false, 0, fmt.Errorf("inbox: parked successor %d: %w", p.ID, errors.Join(err, rbErr))
+		}
+		if relErr := releaseSavepoint(ctx, tx, replaySavepoint); relErr != nil {
+			return false, 0, fmt.Errorf("inbox: parked successor %d: %w", p.ID, errors.Join(err, relErr))
+		}
 		// A successor that cannot be replayed now stays parked; the heal
 		// sweep or an operator tries again. The outer message is unaffected.
 		ib.log.WarnContext(ctx, "parked successor not applied", "parked_id", p.ID, "event_id", p.Event.ID, slog.String(logattr.ErrKey, sanitize.Error(err)))
@@ -326,30 +338,33 @@ func (ib *Inbox[TTx]) replayParked(ctx context.Context, txv TTx, tx driver.Tx, p
 	return done, seq, nil
 }
 
+// replaySavepoint is the savepoint a parked row's replay runs under.
+const replaySavepoint = "ferry_inbox_replay"
+
 func (ib *Inbox[TTx]) replayParkedResult(ctx context.Context, txv TTx, tx driver.Tx, p Parked, tally *txTally) (bool, int64, ReplayResult, error) {
 	m := &message{ev: p.Event, fp: Fingerprint(p.Event), parkedID: p.ID, attempt: p.Attempts + 1}
-	const sp = "ferry_inbox_replay"
+	// Errors after the savepoint leave it in place: replayParked rolls
+	// back to it, or learns the transaction is gone (replayOne rolls the
+	// whole transaction back).
+	const sp = replaySavepoint
 	if err := savepoint(ctx, tx, sp, false); err != nil {
 		return false, 0, ReplayResult{}, err
 	}
-	release := func() error {
-		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+sp); err != nil {
-			return fmt.Errorf("inbox: release savepoint: %w", err)
-		}
-		return nil
-	}
+	release := func() error { return releaseSavepoint(ctx, tx, sp) }
 	sr, err := ib.step(ctx, txv, tx, m, false, false)
 	if err != nil {
-		if rbErr := rollbackTo(ctx, tx, sp); rbErr != nil {
-			return false, 0, ReplayResult{}, errors.Join(err, rbErr)
-		}
-		return false, 0, ReplayResult{}, errors.Join(err, release())
+		return false, 0, ReplayResult{}, err
 	}
 	outcome, reason, errText := describeStep(sr, p.Reason)
 	r := ReplayResult{ID: p.ID, Outcome: outcome, Reason: reason, Error: errText}
 	now := ib.cfg.now().UTC()
 	switch sr.kind {
 	case stepApplied, stepDuplicate, stepStale:
+		if f := ib.cfg.beforeResolveParked; f != nil {
+			if err := f(ctx, tx); err != nil {
+				return false, 0, r, fmt.Errorf("inbox: resolve parked: %w", err)
+			}
+		}
 		if _, err := tx.Exec(ctx, ib.q.resolve, ib.name, p.ID, now, string(outcome)); err != nil {
 			return false, 0, r, fmt.Errorf("inbox: resolve parked: %w", err)
 		}
