@@ -21,7 +21,17 @@ func (r *Relay) leaseLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err := r.leaseTick(ctx); err != nil && ctx.Err() == nil {
+		// A tick runs to its end even when Run is stopping: a statement
+		// cancelled mid-flight can still run on the server after Run's
+		// final release (go-sql-driver/mysql cancels by closing the
+		// connection; the server finishes what it received), so a stopped
+		// relay's heartbeat re-created its instance row and ops showed it
+		// live, owning nothing, for a TTL. A renewal later than the TTL is
+		// worthless anyway, which bounds the wait.
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ttl)
+		err := r.leaseTick(tctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			r.log.WarnContext(ctx, "lease tick failed", logattr.Err(err))
 		}
 	}
