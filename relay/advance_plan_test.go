@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/driver"
@@ -77,6 +78,26 @@ ON CONFLICT (shard) DO UPDATE SET owner = excluded.owner, fence = excluded.fence
 	var snap string
 	if err := s.pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&snap); err != nil {
 		t.Fatal(err)
+	}
+	// The advance passes a claim only once every transaction its snapshot
+	// saw running has ended. Those are the whole server's: under the CI's
+	// -p 4 other packages' tests have transactions open here, and an
+	// advance run at once passed nothing (CI: "advance held 0 rows").
+	// Wait for the condition the advance checks.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var ended bool
+		if err := s.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_snapshot_xip($1::pg_snapshot) AS x(xid)
+WHERE NOT pg_visible_in_snapshot(x.xid, pg_current_snapshot()))`, snap).Scan(&ended); err != nil {
+			t.Fatal(err)
+		}
+		if ended {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("transactions running at snapshot %s still open after a minute", snap)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	cand, _ := json.Marshal([]map[string]any{{"shard": 0, "fence": 1, "upto": hi, "snap": snap}})
 	var acked []int64

@@ -20,82 +20,80 @@ import (
 // same backlog with the default budget: its batches exceed 40 KiB.
 func TestMaxBatchBytes(t *testing.T) {
 	const budget, size, events = 40 << 10, 10 << 10, 48
-	for _, st := range allStores() {
-		t.Run(st.name, func(t *testing.T) {
-			for _, limited := range []bool{true, false} {
-				name := "budget_40KiB"
-				if !limited {
-					name = "control_default_budget"
-				}
-				t.Run(name, func(t *testing.T) {
-					s := st.new(t, 4)
-					n := startEmbeddedNATS(t)
-					ctx := context.Background()
-					fill := strings.Repeat("x", size-len(`{"v":""}`))
-					var want []ferry.Event
-					for i := 0; i < events; i += 12 {
-						var evs []ferry.Event
-						for j := i; j < i+12; j++ {
-							evs = append(evs, ev(fmt.Sprintf("agg-%d", j%8), fill))
-						}
-						got, err := s.insert(ctx, evs...)
-						if err != nil {
-							t.Fatal(err)
-						}
-						want = append(want, got...)
+	eachStore(t, allStores(), func(t *testing.T, newStore newStoreFunc) {
+		for _, limited := range []bool{true, false} {
+			name := "budget_40KiB"
+			if !limited {
+				name = "control_default_budget"
+			}
+			t.Run(name, func(t *testing.T) {
+				s := newStore(t, 4)
+				n := startEmbeddedNATS(t)
+				ctx := context.Background()
+				fill := strings.Repeat("x", size-len(`{"v":""}`))
+				var want []ferry.Event
+				for i := 0; i < events; i += 12 {
+					var evs []ferry.Event
+					for j := i; j < i+12; j++ {
+						evs = append(evs, ev(fmt.Sprintf("agg-%d", j%8), fill))
 					}
-					var mu sync.Mutex
-					maxBytes, batches := 0, 0
-					hook := func(_ context.Context, evs []ferry.Event) error {
-						b := 0
-						for _, e := range evs {
-							b += len(e.Payload)
-						}
-						mu.Lock()
-						defer mu.Unlock()
-						batches++
-						maxBytes = max(maxBytes, b)
-						return nil
-					}
-					opts := fastOpts(4, WithWorkers(1), WithFaults(Faults{BeforePublish: hook}))
-					if limited {
-						opts = append(opts, WithMaxBatchBytes(budget))
-					}
-					r, err := s.newRelay(n.publisher(t), opts...)
+					got, err := s.insert(ctx, evs...)
 					if err != nil {
 						t.Fatal(err)
 					}
-					stop := runRelay(t, r)
-					waitFor(t, 60*time.Second, "all sent", func() bool { return s.count(t, "sent") == events })
-					if err := stop(); err != nil {
-						t.Fatal(err)
+					want = append(want, got...)
+				}
+				var mu sync.Mutex
+				maxBytes, batches := 0, 0
+				hook := func(_ context.Context, evs []ferry.Event) error {
+					b := 0
+					for _, e := range evs {
+						b += len(e.Payload)
 					}
-					checkBroker(t, n.read(t), want)
 					mu.Lock()
 					defer mu.Unlock()
-					t.Logf("%d batches, the largest %d payload bytes", batches, maxBytes)
-					if limited && maxBytes > budget {
-						t.Errorf("a batch held %d payload bytes; budget %d", maxBytes, budget)
-					}
-					if !limited && maxBytes <= budget {
-						t.Errorf("control: the largest batch held %d bytes, within %d: the test cannot tell the budget from its absence", maxBytes, budget)
-					}
-					// The claim's LIMIT followed the payloads: 10 KiB rows
-					// and a 10 KiB share per shard ask for 2 rows a shard
-					// (the one kept and the one that shows there is more),
-					// not the batch size's 500.
-					if got := r.rowBytes.Load(); got != size {
-						t.Errorf("mean payload of the last claim %d, want %d", got, size)
-					}
-					if per := r.claimPer(4); limited && per != 2 {
-						t.Errorf("claim LIMIT per shard %d with a 10 KiB share and 10 KiB rows, want 2", per)
-					} else if want := min(r.cfg.claimSize()/4, DefaultMaxBatchBytes/4/size+1); !limited && per != want {
-						t.Errorf("control: claim LIMIT per shard %d, want %d (the 16 MiB budget's 4 MiB share of 10 KiB rows)", per, want)
-					}
-				})
-			}
-		})
-	}
+					batches++
+					maxBytes = max(maxBytes, b)
+					return nil
+				}
+				opts := fastOpts(4, WithWorkers(1), WithFaults(Faults{BeforePublish: hook}))
+				if limited {
+					opts = append(opts, WithMaxBatchBytes(budget))
+				}
+				r, err := s.newRelay(n.publisher(t), opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				stop := runRelay(t, r)
+				waitFor(t, 60*time.Second, "all sent", func() bool { return s.count(t, "sent") == events })
+				if err := stop(); err != nil {
+					t.Fatal(err)
+				}
+				checkBroker(t, n.read(t), want)
+				mu.Lock()
+				defer mu.Unlock()
+				t.Logf("%d batches, the largest %d payload bytes", batches, maxBytes)
+				if limited && maxBytes > budget {
+					t.Errorf("a batch held %d payload bytes; budget %d", maxBytes, budget)
+				}
+				if !limited && maxBytes <= budget {
+					t.Errorf("control: the largest batch held %d bytes, within %d: the test cannot tell the budget from its absence", maxBytes, budget)
+				}
+				// The claim's LIMIT followed the payloads: 10 KiB rows
+				// and a 10 KiB share per shard ask for 2 rows a shard
+				// (the one kept and the one that shows there is more),
+				// not the batch size's 500.
+				if got := r.rowBytes.Load(); got != size {
+					t.Errorf("mean payload of the last claim %d, want %d", got, size)
+				}
+				if per := r.claimPer(4); limited && per != 2 {
+					t.Errorf("claim LIMIT per shard %d with a 10 KiB share and 10 KiB rows, want 2", per)
+				} else if want := min(r.cfg.claimSize()/4, DefaultMaxBatchBytes/4/size+1); !limited && per != want {
+					t.Errorf("control: claim LIMIT per shard %d, want %d (the 16 MiB budget's 4 MiB share of 10 KiB rows)", per, want)
+				}
+			})
+		}
+	})
 }
 
 // TestClaimPer: the claim's LIMIT per shard is the batch size's share

@@ -42,18 +42,9 @@ func (s *store) produceTenants(t testing.TB, n, aggs, tenants int) []ferry.Event
 }
 
 // allStores are the server stores and SQLite.
-func allStores() []struct {
-	name string
-	new  func(t testing.TB, shards int, extra ...outbox.Option) *store
-} {
-	out := append([]struct {
-		name string
-		new  func(t testing.TB, shards int, extra ...outbox.Option) *store
-	}{}, serverStores...)
-	return append(out, struct {
-		name string
-		new  func(t testing.TB, shards int, extra ...outbox.Option) *store
-	}{"sqlite", func(t testing.TB, shards int, _ ...outbox.Option) *store { return newSQLiteStore(t, shards) }})
+func allStores() []storeCase {
+	return append(append([]storeCase{}, serverStores...), storeCase{"sqlite",
+		func(t testing.TB, shards int, _ ...outbox.Option) *store { return newSQLiteStore(t, shards) }})
 }
 
 // TestTenantShareQuietNotStarved: a noisy tenant's backlog of 10× the batch
@@ -62,20 +53,18 @@ func allStores() []struct {
 // without it (the negative control, today's id order) it waits behind the
 // whole backlog. Both runs deliver everything once, per aggregate in order.
 func TestTenantShareQuietNotStarved(t *testing.T) {
-	for _, st := range allStores() {
-		t.Run(st.name, func(t *testing.T) {
-			for _, share := range []int{5, 0} {
-				name := "share_5"
-				if share == 0 {
-					name = "control_without_share"
-				}
-				t.Run(name, func(t *testing.T) { testQuietNotStarved(t, st.new, share) })
+	eachStore(t, allStores(), func(t *testing.T, newStore newStoreFunc) {
+		for _, share := range []int{5, 0} {
+			name := "share_5"
+			if share == 0 {
+				name = "control_without_share"
 			}
-		})
-	}
+			t.Run(name, func(t *testing.T) { testQuietNotStarved(t, newStore, share) })
+		}
+	})
 }
 
-func testQuietNotStarved(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store, share int) {
+func testQuietNotStarved(t *testing.T, newStore newStoreFunc, share int) {
 	const batch, noisy = 20, 200
 	s := newStore(t, 1)
 	n := startEmbeddedNATS(t)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ferryhq/ferry/outbox"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,12 +18,10 @@ import (
 // dead-letter the row its broker rejected; the fence rejects that write,
 // so B's outcome stands.
 func TestFence(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testFence(t, st.new) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testFence(t, newStore) })
 }
 
-func testFence(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+func testFence(t *testing.T, newStore newStoreFunc) {
 	a, b, s := fenceScenario(t, newStore, false, false, false)
 	if dead := s.count(t, "dead"); dead != 0 {
 		t.Fatalf("%d rows dead: the stale relay overwrote the new owner's work", dead)
@@ -45,12 +42,10 @@ func testFence(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *s
 // write lands, a row the new owner published ends up dead, and the new
 // owner's mark is lost. The fence is what prevents that.
 func TestFenceNegativeControl(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testFenceNegativeControl(t, st.new) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testFenceNegativeControl(t, newStore) })
 }
 
-func testFenceNegativeControl(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+func testFenceNegativeControl(t *testing.T, newStore newStoreFunc) {
 	_, b, s := fenceScenario(t, newStore, true, false, false)
 	if dead := s.count(t, "dead"); dead == 0 {
 		t.Fatal("without the fence the stale relay's write should have landed, but no row is dead: the scenario does not exercise the fence")
@@ -68,20 +63,18 @@ func testFenceNegativeControl(t *testing.T, newStore func(testing.TB, int, ...ou
 // rejected by the fence as a whole and counted as 5 fenced writes; B's
 // publication stands.
 func TestFenceAcked(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) {
-			for _, leaseFirst := range []bool{false, true} {
-				t.Run(fmt.Sprintf("lease-loop-first=%v", leaseFirst), func(t *testing.T) { testFenceAcked(t, st.new, leaseFirst) })
-			}
-		})
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) {
+		for _, leaseFirst := range []bool{false, true} {
+			t.Run(fmt.Sprintf("lease-loop-first=%v", leaseFirst), func(t *testing.T) { testFenceAcked(t, newStore, leaseFirst) })
+		}
+	})
 }
 
 // testFenceAcked: with leaseFirst, A's lease loop wakes first and sees the
 // lease lost before A's write: what A holds for the shard is dropped there
 // (and counted), and the write that follows is still rejected and counted
 // once.
-func testFenceAcked(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store, leaseFirst bool) {
+func testFenceAcked(t *testing.T, newStore newStoreFunc, leaseFirst bool) {
 	a, b, s := fenceScenario(t, newStore, false, true, leaseFirst)
 	if sent := s.count(t, "sent"); sent != 5 {
 		t.Fatalf("%d rows sent, want 5", sent)
@@ -97,7 +90,7 @@ func testFenceAcked(t *testing.T, newStore func(testing.TB, int, ...outbox.Optio
 // fenceScenario: A publishes shard 0's 5 rows — its broker rejecting them
 // all as permanent, or, with aAcks, acking them — and stalls before its
 // write while B takes the shard over; A's write then meets B's lease.
-func fenceScenario(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store, noFence, aAcks, leaseFirst bool) (a, b *Relay, s *store) {
+func fenceScenario(t *testing.T, newStore newStoreFunc, noFence, aAcks, leaseFirst bool) (a, b *Relay, s *store) {
 	s = newStore(t, 1)
 	n := startEmbeddedNATS(t)
 	s.produce(t, 5, 1)

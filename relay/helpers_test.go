@@ -90,10 +90,32 @@ type producerTx struct {
 
 // stores are the server stores the relay tests run on: the same test
 // function on each.
-var serverStores = []struct {
+// newStoreFunc makes a fresh, migrated store of one kind.
+type newStoreFunc func(t testing.TB, shards int, extra ...outbox.Option) *store
+
+// storeCase names a kind of store the relay tests run on.
+type storeCase struct {
 	name string
-	new  func(t testing.TB, shards int, extra ...outbox.Option) *store
-}{
+	new  newStoreFunc
+}
+
+// eachStore runs fn once per store kind, as parallel subtests. Every store
+// is a fresh schema or database and every broker a fresh stream, server or
+// queue, so the kinds do not share state; most of a relay test's time is
+// waiting (lease expiry, broker retries, a destination created later), so
+// running them side by side keeps the package well inside go test's
+// default 10-minute limit on a loaded machine.
+func eachStore(t *testing.T, stores []storeCase, fn func(t *testing.T, newStore newStoreFunc)) {
+	t.Helper()
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, st.new)
+		})
+	}
+}
+
+var serverStores = []storeCase{
 	{"postgres", newPGStore},
 	{"postgres-partitioned", newPGPartitionedStore},
 	{"postgres-watermark", newPGWatermarkStore},

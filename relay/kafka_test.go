@@ -72,9 +72,7 @@ func checkKafka(t *testing.T, got, want []ferry.Event) {
 }
 
 func TestKafkaEndToEnd(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testKafkaEndToEnd(t, st.new(t, 4)) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testKafkaEndToEnd(t, newStore(t, 4)) })
 }
 
 func testKafkaEndToEnd(t *testing.T, s *store) {
@@ -105,9 +103,7 @@ func testKafkaEndToEnd(t *testing.T, s *store) {
 // the same port and data dir. No row goes dead or is charged an attempt,
 // broker calls stay bounded, and the backlog drains after recovery.
 func TestKafkaOutage(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testKafkaOutage(t, st.new(t, 4)) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testKafkaOutage(t, newStore(t, 4)) })
 }
 
 func testKafkaOutage(t *testing.T, s *store) {

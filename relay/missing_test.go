@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ferryhq/ferry/outbox"
 	"slices"
 	"sync"
 	"testing"
@@ -118,12 +117,10 @@ func rabbitMissing(t *testing.T) missingCase {
 // is 1; afterwards every event is stored once, per aggregate in order, and
 // the gauge is back to 0.
 func TestMissingDestinationHeld(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testMissingDestinationHeld(t, st.new) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testMissingDestinationHeld(t, newStore) })
 }
 
-func testMissingDestinationHeld(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+func testMissingDestinationHeld(t *testing.T, newStore newStoreFunc) {
 	for _, tc := range []struct {
 		name string
 		mk   func(t *testing.T) missingCase
@@ -219,12 +216,10 @@ func (a asPermanent) Publish(ctx context.Context, evs []ferry.Event) []broker.Re
 // permanent (the old classification) the first attempt sends events dead,
 // and under the hold policy their aggregates' later events stay blocked.
 func TestMissingDestinationNegativeControl(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testMissingDestinationNegativeControl(t, st.new) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testMissingDestinationNegativeControl(t, newStore) })
 }
 
-func testMissingDestinationNegativeControl(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+func testMissingDestinationNegativeControl(t *testing.T, newStore newStoreFunc) {
 	mc := kafkaMissing(t)
 	s := newStore(t, 4)
 	r, err := s.newRelay(asPermanent{mc.pub}, fastOpts(4)...)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/broker"
-	"github.com/ferryhq/ferry/outbox"
 )
 
 // TestMarkOrderInvariant: the broker fails some events transiently (first
@@ -20,12 +19,10 @@ import (
 // is never marked sent ahead of an earlier one. The negative control marks
 // later rows of a failed aggregate anyway and must break the invariant.
 func TestMarkOrderInvariant(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testMarkOrderInvariant(t, st.new) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testMarkOrderInvariant(t, newStore) })
 }
 
-func testMarkOrderInvariant(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+func testMarkOrderInvariant(t *testing.T, newStore newStoreFunc) {
 	for _, c := range []struct {
 		name    string
 		control bool

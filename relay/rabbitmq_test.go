@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"github.com/ferryhq/ferry/outbox"
 	"net/url"
 	"sync"
 	"testing"
@@ -24,12 +23,10 @@ import (
 // attempt or goes dead, and broker calls stay bounded; after Restore
 // everything is delivered, per aggregate in order.
 func TestRabbitMQOutage(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testRabbitMQOutage(t, st.new) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testRabbitMQOutage(t, newStore) })
 }
 
-func testRabbitMQOutage(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+func testRabbitMQOutage(t *testing.T, newStore newStoreFunc) {
 	amqpURL := testenv.RabbitMQURL(t)
 	u, err := url.Parse(amqpURL)
 	if err != nil {

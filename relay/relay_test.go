@@ -87,9 +87,7 @@ func TestPublishesAndMarks(t *testing.T) {
 // after higher ids were published. Claiming by status (not "id > last
 // seen") publishes it anyway.
 func TestLateCommitIsPublished(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testLateCommitIsPublished(t, st.new(t, 1)) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testLateCommitIsPublished(t, newStore(t, 1)) })
 }
 
 func testLateCommitIsPublished(t *testing.T, s *store) {
@@ -150,9 +148,7 @@ func startLateCommit(t *testing.T, s *store, tweak func(*Relay)) (*natsEnv, *pro
 // TestRollbackPublishesNothing: G1 end to end. A rolled-back producer
 // transaction's event never reaches the broker.
 func TestRollbackPublishesNothing(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testRollbackPublishesNothing(t, st.new(t, 2)) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testRollbackPublishesNothing(t, newStore(t, 2)) })
 }
 
 func testRollbackPublishesNothing(t *testing.T, s *store) {
@@ -207,9 +203,7 @@ func testRollbackPublishesNothing(t *testing.T, s *store) {
 // published again (never new ids); JetStream recognises them as
 // duplicates, so nothing is lost and nothing is stored twice.
 func TestCrashBetweenPublishAndMark(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testCrashBetweenPublishAndMark(t, st.new(t, 2)) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testCrashBetweenPublishAndMark(t, newStore(t, 2)) })
 }
 
 func testCrashBetweenPublishAndMark(t *testing.T, s *store) {
@@ -281,12 +275,10 @@ func testCrashBetweenPublishAndMark(t *testing.T, s *store) {
 // TestShardCountMismatch: rows written with another N stop the relay at
 // start with both numbers in the error.
 func TestShardCountMismatch(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testShardCountMismatch(t, st.new) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testShardCountMismatch(t, newStore) })
 }
 
-func testShardCountMismatch(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+func testShardCountMismatch(t *testing.T, newStore newStoreFunc) {
 	s := newStore(t, 8)
 	s.produce(t, 3, 3)
 	n := startEmbeddedNATS(t)

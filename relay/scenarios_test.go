@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ferryhq/ferry/outbox"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,12 +20,10 @@ import (
 // its reason; under DeadHold the later events of its aggregate are held,
 // under DeadSkip they flow; other aggregates are unaffected either way.
 func TestPoisonEvent(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testPoisonEvent(t, st.new) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testPoisonEvent(t, newStore) })
 }
 
-func testPoisonEvent(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+func testPoisonEvent(t *testing.T, newStore newStoreFunc) {
 	for _, policy := range []DeadPolicy{DeadHold, DeadSkip} {
 		t.Run(string(policy), func(t *testing.T) {
 			s := newStore(t, 4)
@@ -113,9 +110,7 @@ func testPoisonEvent(t *testing.T, newStore func(testing.TB, int, ...outbox.Opti
 // opens, no row is charged an attempt or goes dead, broker calls stay
 // bounded (probes only), and everything flows after the restart.
 func TestBrokerOutage(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testBrokerOutage(t, st.new(t, 4)) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testBrokerOutage(t, newStore(t, 4)) })
 }
 
 func testBrokerOutage(t *testing.T, s *store) {
@@ -181,9 +176,7 @@ func testBrokerOutage(t *testing.T, s *store) {
 // breaker like the others, not dead-lettered. Before the fix such rows
 // skipped the "is the broker down?" check and went dead on the outage.
 func TestBrokerOutageLastAttempt(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testBrokerOutageLastAttempt(t, st.new(t, 2)) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testBrokerOutageLastAttempt(t, newStore(t, 2)) })
 }
 
 func testBrokerOutageLastAttempt(t *testing.T, s *store) {
@@ -213,9 +206,7 @@ func testBrokerOutageLastAttempt(t *testing.T, s *store) {
 // and with a small max-attempts the outage sends rows to dead. The breaker
 // is what prevents that.
 func TestBrokerOutageNegativeControl(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testBrokerOutageNegativeControl(t, st.new(t, 2)) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testBrokerOutageNegativeControl(t, newStore(t, 2)) })
 }
 
 func testBrokerOutageNegativeControl(t *testing.T, s *store) {
@@ -241,15 +232,15 @@ func testBrokerOutageNegativeControl(t *testing.T, s *store) {
 // shards after the lease expires. Every event reaches the broker once, per
 // aggregate in sequence order.
 func TestThreeRelays(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testThreeRelays(t, st.new, 0) })
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) {
+		t.Run("no_share", func(t *testing.T) { testThreeRelays(t, newStore, 0) })
 		// The same with WithTenantShare(8) (below the ~13 rows per shard
 		// a batch of 200 gives each of ~5 owned shards) and 3 tenants.
-		t.Run(st.name+"_tenant_share", func(t *testing.T) { testThreeRelays(t, st.new, 8) })
-	}
+		t.Run("tenant_share", func(t *testing.T) { testThreeRelays(t, newStore, 8) })
+	})
 }
 
-func testThreeRelays(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store, share int) {
+func testThreeRelays(t *testing.T, newStore newStoreFunc, share int) {
 	if testing.Short() {
 		t.Skip("10,000 events")
 	}
@@ -353,12 +344,10 @@ func testThreeRelays(t *testing.T, newStore func(testing.TB, int, ...outbox.Opti
 // TestRebalance: relays joining and leaving split the shards fairly;
 // a graceful stop hands its shards over at once (no TTL wait).
 func TestRebalance(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testRebalance(t, st.new) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testRebalance(t, newStore) })
 }
 
-func testRebalance(t *testing.T, newStore func(testing.TB, int, ...outbox.Option) *store) {
+func testRebalance(t *testing.T, newStore newStoreFunc) {
 	const shards = 16
 	s := newStore(t, shards)
 	n := startEmbeddedNATS(t)
@@ -459,9 +448,7 @@ func outageBound(outage time.Duration) (publish, pings int) {
 // every shard is taken is still ready when the cluster has more relays
 // than shards; with as many shards as relays, owning nothing is not ready.
 func TestReadyWithMoreRelaysThanShards(t *testing.T) {
-	for _, st := range serverStores {
-		t.Run(st.name, func(t *testing.T) { testReadyWithMoreRelaysThanShards(t, st.new(t, 1)) })
-	}
+	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testReadyWithMoreRelaysThanShards(t, newStore(t, 1)) })
 }
 
 func testReadyWithMoreRelaysThanShards(t *testing.T, s *store) {
