@@ -274,7 +274,7 @@ func (kr killRun) run(t *testing.T) {
 	var bad []string
 	deadline := time.Now().Add(kr.settleFor)
 	for {
-		bad = disagreements(committed, h.rowStates(ctx, h.s.Pool), k.read(time.Second, allDelivered(committed)))
+		bad = disagreements(committed, h.rowStates(ctx, h.s.Pool), k.read(20*time.Second, allDelivered(committed)))
 		if len(bad) == 0 || time.Now().After(deadline) {
 			break
 		}
@@ -429,7 +429,7 @@ func TestRowsDecodedBeforeVisible(t *testing.T) {
 			var bad []string
 			deadline := time.Now().Add(map[bool]time.Duration{true: 30 * time.Second, false: 2 * time.Second}[tc.wantAgree])
 			for {
-				bad = disagreements(committed, h.rowStates(ctx, h.s.Pool), k.read(time.Second, allDelivered(committed)))
+				bad = disagreements(committed, h.rowStates(ctx, h.s.Pool), k.read(20*time.Second, allDelivered(committed)))
 				if len(bad) == 0 || time.Now().After(deadline) {
 					break
 				}

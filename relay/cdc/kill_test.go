@@ -215,9 +215,30 @@ func TestSIGKILLMidStream(t *testing.T) {
 	// (ids up to catchup_upto): the slot's confirmed position says nothing
 	// about them, their mark in the table does, and a kill mid catch-up
 	// republishes the ones not yet marked.
+	//
+	// A relay killed between creating the slot and recording that bound
+	// leaves it NULL, and the next relays catch up unbounded: every row
+	// committed before the slot's consistent point is then catch-up
+	// material. The slot cannot advance before a catch-up completes, so
+	// the first kill that found the slot saw exactly that point (a clean-
+	// clone CI met this window: round 0 created the slot and was killed
+	// before writing the bound).
+	var upto *int64
+	if err := h.s.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT max(catchup_upto) FROM %s`, h.tables.Name("cdc_slot"))).Scan(&upto); err != nil {
+		t.Fatal(err)
+	}
+	var slotStart pglogrepl.LSN // set only when the bound is NULL
+	if upto == nil {
+		for _, kl := range kills {
+			if kl.confirmed != 0 {
+				slotStart = kl.confirmed
+				break
+			}
+		}
+		t.Logf("the slot's creator was killed before recording its catch-up bound: rows committed before %s were caught up unbounded", slotStart)
+	}
 	caughtUp := map[string]bool{}
-	rows, err := h.s.Pool.Query(ctx, fmt.Sprintf(`SELECT o.event_id::text FROM %s o WHERE o.id <= (SELECT max(catchup_upto) FROM %s)`,
-		h.tables.Name("outbox"), h.tables.Name("cdc_slot")))
+	rows, err := h.s.Pool.Query(ctx, fmt.Sprintf(`SELECT o.event_id::text FROM %s o WHERE o.id <= $1`, h.tables.Name("outbox")), upto)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,11 +257,65 @@ func TestSIGKILLMidStream(t *testing.T) {
 			seen[r.id] = true
 		}
 		for _, r := range got[min(kl.hw, len(got)):] {
-			if seen[r.id] && !caughtUp[r.id] && after[r.id] != 0 && after[r.id] <= kl.confirmed {
+			if seen[r.id] && !caughtUp[r.id] && after[r.id] > slotStart && after[r.id] <= kl.confirmed {
 				t.Errorf("kill %d: event %s was confirmed to Postgres (commit <= %s <= %s) yet published again after restart",
 					i, r.id, after[r.id], kl.confirmed)
 			}
 		}
 	}
 	waitFor(t, 20*time.Second, "every row marked sent", func() bool { return h.statusCounts(ctx)["sent"] == len(all) })
+}
+
+// A relay that dies between creating the slot and recording its catch-up
+// bound (the snapshot's highest outbox id) leaves the marker set with no
+// bound. The next relay must catch up every pending row unbounded: rows
+// committed before the slot existed are in no stream. The state is set up
+// exactly as that crash leaves it (the record written first, then the
+// slot); the negative control skips the catch-up and loses those rows.
+func TestCreatorKilledBeforeCatchUpBound(t *testing.T) {
+	ctx := context.Background()
+	setup := func(t *testing.T) (*harness, *kafkaSink, []ferry.Event, []ferry.Event) {
+		h := newHarness(t)
+		k := startKafka(t)
+		before := h.insert(ctx, 20, 4)
+		if _, err := h.s.Pool.Exec(ctx, fmt.Sprintf(`CREATE PUBLICATION %q FOR TABLE %s WITH (publish = 'insert')`,
+			h.pub, h.tables.Name("outbox"))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.s.Pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot_name, publication, catchup_needed) VALUES ($1, $2, true)`,
+			h.tables.Name("cdc_slot")), h.slot, h.pub); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.s.Pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, h.slot); err != nil {
+			t.Fatal(err)
+		}
+		return h, k, before, h.insert(ctx, 20, 4)
+	}
+
+	t.Run("unbounded catch-up", func(t *testing.T) {
+		h, k, before, after := setup(t)
+		_, stop := h.start(k.publisher())
+		defer stop()
+		all := append(before, after...)
+		v := judge(all, k.read(30*time.Second, allDelivered(all)))
+		if v.lost != 0 || v.phantom != 0 || v.orderViolations != 0 {
+			t.Fatalf("violations: %+v", v)
+		}
+		waitFor(t, 30*time.Second, "every row marked sent", func() bool { return h.statusCounts(ctx)["sent"] == len(all) })
+		var needed bool
+		if err := h.s.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT catchup_needed FROM %s WHERE slot_name = $1`, h.tables.Name("cdc_slot")),
+			h.slot).Scan(&needed); err != nil || needed {
+			t.Fatalf("catch-up marker after the catch-up: needed=%v err=%v, want cleared", needed, err)
+		}
+	})
+
+	t.Run("negative control: no catch-up loses the rows before the slot", func(t *testing.T) {
+		h, k, before, after := setup(t)
+		_, stop := h.start(k.publisher(), cdc.WithFaults(cdc.Faults{NoCatchUp: true, NoReconcile: true}))
+		defer stop()
+		got := k.read(30*time.Second, allDelivered(after))
+		if v := judge(append(before, after...), got); v.lost != len(before) {
+			t.Fatalf("without the catch-up lost=%d (%+v), want the %d rows committed before the slot", v.lost, v, len(before))
+		}
+	})
 }
