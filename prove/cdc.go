@@ -31,11 +31,16 @@ const (
 	// the slot: rows committed while it was down are skipped.
 	cdcBuildCurrentWAL = "cdc-start-from-current-wal"
 	// cdcBuildConfirmBeforeMark confirms a batch's LSN at the broker's ack,
-	// before the rows are marked sent (lazy marks: a 5s flush interval, longer
-	// than a killed relay lives, so its confirmed rows are never marked):
-	// a SIGKILL in between leaves published rows pending behind the slot.
+	// before the rows are marked sent (lazy marks: the longest flush
+	// interval, 10s, and its relays are killed soon after they confirm, so
+	// their confirmed rows are never marked): a SIGKILL in between leaves
+	// published rows pending behind the slot.
 	cdcBuildConfirmBeforeMark = "cdc-confirm-before-mark"
 )
+
+// cdcLazyFlush is the confirm-before-mark build's flush interval: its
+// first marks come this long after its first broker ack.
+const cdcLazyFlush = 10 * time.Second
 
 // cdcOptions are the relay options of a build. Broken builds run without
 // the reconciler, which would otherwise repair (late) what they break.
@@ -44,7 +49,7 @@ func cdcOptions(build string) []cdc.Option {
 	case cdcBuildCurrentWAL:
 		return []cdc.Option{cdc.WithFaults(cdc.Faults{StartFromCurrentWAL: true, NoReconcile: true})}
 	case cdcBuildConfirmBeforeMark:
-		return []cdc.Option{cdc.WithFaults(cdc.Faults{ConfirmBeforeMark: true, NoReconcile: true}), cdc.WithFlushInterval(5 * time.Second)}
+		return []cdc.Option{cdc.WithFaults(cdc.Faults{ConfirmBeforeMark: true, NoReconcile: true}), cdc.WithFlushInterval(cdcLazyFlush)}
 	}
 	// The real relay; the reconciler at prove's patience rather than 10s.
 	return []cdc.Option{cdc.WithReconcileInterval(300 * time.Millisecond)}
@@ -175,8 +180,9 @@ func waitCount(ctx context.Context, e *env, limit time.Duration, want int64, q s
 // creates the slot and catches up, from the table, the rows committed
 // before it (the workload starts first); then alternately mid-stream and
 // right after a restart that follows a down time, while the relay streams
-// the slot's backlog. The broken build's relays live longer than its
-// flush interval, so kills fall between its confirmations and its marks.
+// the slot's backlog. The confirm-before-mark build's relays are killed
+// once they have confirmed something (see confirmedSince), well inside
+// its flush interval, so each kill falls between confirmations and marks.
 func startCDCSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, restartsDone chan<- struct{}) {
 	s1, s2 := seedFor(e.cfg.seed, e.sc.name+"/cdc-sigkill")
 	rng := rand.New(rand.NewPCG(s1, s2))
@@ -194,6 +200,7 @@ func startCDCSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, restartsDo
 		}()
 		sleepCtx(ctx, 300*time.Millisecond) // rows before the slot exists
 		for i := 0; ctx.Err() == nil; i++ {
+			from := slotConfirmedLSN(ctx, e)
 			job, _ := json.Marshal(workerJob{Role: "cdc", DatabaseURL: e.db.adminURL, Schema: e.db.schema, Transport: e.tr.job(),
 				ID: fmt.Sprintf("cdc-proc-%d", i), Broken: build})
 			cmd, exited, err := startWorkerProc(argv, string(job))
@@ -207,7 +214,9 @@ func startCDCSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, restartsDo
 				var life time.Duration
 				switch {
 				case build == cdcBuildConfirmBeforeMark && i > 0:
-					life = between(900*time.Millisecond, 2500*time.Millisecond)
+					// A fixed life missed the window once under CI's
+					// contention: the relay had confirmed nothing yet.
+					timer = confirmedSince(ctx, wg, e, from, between(900*time.Millisecond, 2500*time.Millisecond))
 				case i == 0:
 					life = between(30*time.Millisecond, 250*time.Millisecond) // mid slot creation / catch-up
 				case i%2 == 1:
@@ -215,7 +224,9 @@ func startCDCSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, restartsDo
 				default:
 					life = between(300*time.Millisecond, 900*time.Millisecond) // mid-stream
 				}
-				timer = time.After(life)
+				if timer == nil {
+					timer = time.After(life)
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -235,6 +246,39 @@ func startCDCSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, restartsDo
 			}
 		}
 	}()
+}
+
+// slotConfirmedLSN is the scenario slot's confirmed position as text
+// ("0/0" while there is no slot or it has confirmed nothing).
+func slotConfirmedLSN(ctx context.Context, e *env) string {
+	rows, err := e.db.drv.Executor().Query(ctx, `SELECT COALESCE((SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1), '0/0')::text`, e.db.schema)
+	if err != nil {
+		return "0/0"
+	}
+	defer rows.Close()
+	lsn := "0/0"
+	if rows.Next() && rows.Scan(&lsn) != nil {
+		return "0/0"
+	}
+	return lsn
+}
+
+// confirmedSince fires once the slot's confirmed position has passed from
+// and at least life has gone by, or at most 8s after that (a relay that
+// never confirms is still killed): the confirm-before-mark build's kill
+// then falls after a confirmation and, its marks waiting cdcLazyFlush
+// from its first ack, before them.
+func confirmedSince(ctx context.Context, wg *sync.WaitGroup, e *env, from string, life time.Duration) <-chan time.Time {
+	fire := make(chan time.Time, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sleepCtx(ctx, life)
+		waitCount(ctx, e, 8*time.Second, 1,
+			`SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn > CAST($2 AS pg_lsn)`, e.db.schema, from)
+		fire <- time.Now()
+	}()
+	return fire
 }
 
 // runCDC runs one CDC relay of build until ctx ends.

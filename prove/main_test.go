@@ -2,9 +2,11 @@ package prove
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"testing"
 
@@ -28,6 +30,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	testenv.Announce("prove", testenv.Postgres, testenv.MySQL, testenv.NATS, testenv.RabbitMQ)
+	widenParallel()
 	goleak.VerifyTestMain(m, append(testenv.KnownLibraryLeaks(),
 		// nats-server and pgx keep package-level background goroutines.
 		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
@@ -50,5 +53,30 @@ func TestMain(m *testing.M) {
 func parallelUnlessRace(t *testing.T) {
 	if !raceEnabled {
 		t.Parallel()
+	}
+}
+
+// proveParallel is how many of the package's parallel tests run at once
+// without -race, unless the caller sets -parallel. They wait on lease
+// expiries, kills, restarts and settle loops; with go test's default of
+// GOMAXPROCS (2 here) the package took 468–567 s of `go test ./...`'s
+// 10-minute limit per package.
+const proveParallel = 4
+
+// widenParallel raises -test.parallel to proveParallel when the caller left
+// it at its default (TestMain may parse the testing flags itself).
+func widenParallel() {
+	if raceEnabled {
+		return
+	}
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	p := flag.Lookup("test.parallel")
+	if set || p == nil {
+		return
+	}
+	if n, err := strconv.Atoi(p.Value.String()); err == nil && n < proveParallel {
+		_ = flag.Set("test.parallel", strconv.Itoa(proveParallel))
 	}
 }
