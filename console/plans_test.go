@@ -99,10 +99,14 @@ func checkPagePlans(t testing.TB, e *env, pages []scalePage) {
 	pe.srv = srv
 	checked := 0
 	// On a partitioned outbox a sequential scan of a partition that holds
-	// no row reads no page; one of a partition holding rows fails like one
-	// of the plain table.
+	// no row reads no page, and one of a partition of a few rows reads a
+	// page or two, which is the plan the planner should choose (a CI run
+	// just after midnight UTC met today's partition holding the 25 rows the
+	// pages wrote, read sequentially); one of a partition holding more
+	// fails like one of the plain table.
+	const fewRows = 1000
 	var nonEmpty []string
-	nrows, err := e.pg.Pool.Query(ctx, `SELECT DISTINCT tableoid::regclass::text FROM ferry_outbox`)
+	nrows, err := e.pg.Pool.Query(ctx, `SELECT tableoid::regclass::text FROM ferry_outbox GROUP BY tableoid HAVING count(*) > $1`, fewRows)
 	if err != nil {
 		t.Fatal(err)
 	}
