@@ -70,6 +70,7 @@ type consumerConfig struct {
 	maxAckPending int
 	filter        string
 	batch         int
+	pullHeartbeat time.Duration
 
 	// Negative controls (this package's tests only).
 	noKeepAlive bool // never send InProgress
@@ -170,6 +171,7 @@ func NewConsumer(ctx context.Context, nc *nats.Conn, stream, durable string, opt
 		maxDeliver:    -1,
 		maxAckPending: DefaultMaxAckPending,
 		batch:         DefaultPullBatch,
+		pullHeartbeat: DefaultPullHeartbeat,
 	}
 	for _, o := range opts {
 		if err := o(&cfg); err != nil {
@@ -336,7 +338,11 @@ func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *br
 		}
 	}()
 
-	it, err := c.cons.Messages(jetstream.PullMaxMessages(c.batch))
+	it, err := c.cons.Messages(jetstream.PullMaxMessages(c.batch),
+		jetstream.PullHeartbeat(c.cfg.pullHeartbeat),
+		// Missed heartbeats re-pull (see DefaultPullHeartbeat) instead of
+		// ending Consume.
+		jetstream.WithMessagesErrOnMissingHeartbeat(false))
 	if err != nil {
 		return fmt.Errorf("natsjs: consume %q: %w", c.durable, err)
 	}
@@ -352,6 +358,23 @@ func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *br
 		handle(ctx, c.delivery(msg))
 	}
 }
+
+// DefaultPullHeartbeat is how often the server signals an idle pull
+// request it holds for Consume. Two missed heartbeats make the iterator
+// drop its count of requested messages and pull again. That is how
+// Consume gets going again when its pull request is gone without a word:
+//   - the server holding it died (a stream or consumer leader SIGKILLed
+//     in a cluster, while the client stays connected to another node);
+//   - nats.go skipped the re-pull (its Next asks for more only while no
+//     pull request of its own is being sent; when that sender goroutine is
+//     descheduled until the batch it asked for has been handed out, Next
+//     waits with nothing requested: seen under load, a consumer stalled
+//     after its first batch of 10 with 50 pending on the server).
+//
+// nats.go's default (half the 30 s pull expiry) made either a 30 s stall
+// ending in an error. One heartbeat a second per waiting pull request is
+// cheap; a missed heartbeat costs at most one extra pull batch buffered.
+const DefaultPullHeartbeat = time.Second
 
 // nakBuffered stops the iterator and nacks the messages it had pulled but
 // not handed out, so they are redelivered at once instead of after

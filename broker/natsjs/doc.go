@@ -95,14 +95,20 @@
 // it; a nil error means no redelivery), Delivery.Nack is a NAK with delay.
 // MaxAckPending is the back-pressure: the server stops delivering while
 // that many messages are unacked. [Consumer.Pending] returns the consumer's
-// num_pending, the lag metric.
+// num_pending, the lag metric. Consume's pull requests carry a one-second
+// idle heartbeat ([DefaultPullHeartbeat]): when two are missed, because
+// the node holding the request died or the client skipped a re-pull, the
+// iterator pulls again, so a consumer resumes within seconds of a leader
+// loss instead of stalling.
 //
 // A live Consumer sends InProgress for every message it holds each
 // AckWait/3, so AckWait bounds only how long the messages of a consumer
 // that died (SIGKILL, lost host) wait before redelivery, not the
 // transaction. [Consumer.Close] naks every delivered, unsettled message
 // and Consume naks what it pulled but never handed out, so a graceful stop
-// hands them to another consumer at once. [Consumer.InFlightLimits]
+// hands them to another consumer at once. A message the server was still
+// sending to the closing subscription (at most one pull batch) reaches no
+// client and waits for AckWait. [Consumer.InFlightLimits]
 // reports MaxAckPending, the pull batch and AckWait for inbox.Run's sizing
 // check (it warns when MaxAckPending is below twice the inbox's in-flight
 // bound: a restart after a crash would find few free slots).

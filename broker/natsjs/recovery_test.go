@@ -36,11 +36,18 @@ func collect(t *testing.T, ch <-chan *broker.Delivery, want int, timeout time.Du
 // TestConsumerCloseNaksUnfinished: a consumer stopped gracefully with
 // messages it delivered but never settled (and messages pulled into its
 // buffer but never handed out) gives them back at once: a new consumer of
-// the durable receives every message within seconds although AckWait is
-// 60 s. Without the nak (negative control) the unfinished ones stay with
-// the closed consumer until AckWait expires.
+// the durable receives them within seconds although AckWait is 60 s.
+// Without the nak (negative control) the unfinished ones stay with the
+// closed consumer until AckWait expires.
+//
+// Every message the stopped consumer handed to its handler must come
+// back. A message the server was still sending to the closing
+// subscription (its last pull request, at most one pull batch) reaches no
+// client, so nobody can nak it: it comes back after AckWait (CI once saw
+// 54 of 55 on NATS 2.9.10). The bound total-acked-batch still lies above
+// what the control may see (total-handed).
 func TestConsumerCloseNaksUnfinished(t *testing.T) {
-	const total, handed, acked = 60, 20, 5
+	const total, handed, acked, batch = 60, 20, 5, 10
 	for _, s := range servers(t) {
 		for _, nak := range []bool{true, false} {
 			name := s.name + "/nak"
@@ -52,8 +59,8 @@ func TestConsumerCloseNaksUnfinished(t *testing.T) {
 				stream, prefix := newStream(t, nc)
 				p, _ := NewPublisher(nc)
 				defer p.Close()
-				publishN(t, p, prefix+".x", total)
-				opts := []ConsumerOption{WithAckWait(time.Minute), WithPullBatch(10)}
+				published := publishN(t, p, prefix+".x", total)
+				opts := []ConsumerOption{WithAckWait(time.Minute), WithPullBatch(batch)}
 				if !nak {
 					opts = append(opts, withoutNakOnStop)
 				}
@@ -64,7 +71,18 @@ func TestConsumerCloseNaksUnfinished(t *testing.T) {
 				ch, stop := consumeInto(t, a)
 				var got []*broker.Delivery
 				for range handed {
-					got = append(got, recv(t, ch, 5*time.Second))
+					select {
+					case d := <-ch:
+						got = append(got, d)
+					case <-time.After(5 * time.Second):
+						// The server's side tells a stalled client (no pull
+						// request waiting) from a slow server.
+						if info, err := a.cons.Info(context.Background()); err == nil {
+							t.Fatalf("no delivery within 5s after %d (server: %d pull requests waiting, %d messages pending, %d ack pending)",
+								len(got), info.NumWaiting, info.NumPending, info.NumAckPending)
+						}
+						t.Fatalf("no delivery within 5s after %d", len(got))
+					}
 				}
 				if err := stop(); err != nil {
 					t.Fatal(err)
@@ -76,8 +94,12 @@ func TestConsumerCloseNaksUnfinished(t *testing.T) {
 				}
 				// Deliveries the handler had not taken when Consume
 				// stopped are part of what was never finished.
+				handedOut := map[string]bool{}
+				for _, d := range got {
+					handedOut[d.Event.ID.String()] = true
+				}
 				for len(ch) > 0 {
-					<-ch
+					handedOut[(<-ch).Event.ID.String()] = true
 				}
 				if err := a.Close(); err != nil {
 					t.Fatal(err)
@@ -102,10 +124,25 @@ func TestConsumerCloseNaksUnfinished(t *testing.T) {
 					}
 				}
 				if nak {
-					if len(seen) != total-acked {
-						t.Fatalf("new consumer received %d of the %d unacked messages within 10s (AckWait 60s)", len(seen), total-acked)
+					ackedIDs := map[string]bool{}
+					for _, d := range got[:acked] {
+						ackedIDs[d.Event.ID.String()] = true
 					}
-					t.Logf("%d unfinished messages redelivered to the new consumer in %v", len(seen), time.Since(start).Round(time.Millisecond))
+					var inFlight int
+					for _, e := range published {
+						id := e.ID.String()
+						switch {
+						case ackedIDs[id] || seen[id]:
+						case handedOut[id]:
+							t.Errorf("event %s (seq %d) was handed to the handler, never acked, and not redelivered within %v (AckWait 60s)", id, e.AggregateSeq, wait)
+						default:
+							inFlight++
+						}
+					}
+					if len(seen) < total-acked-batch {
+						t.Fatalf("new consumer received %d of the %d unacked messages within %v (AckWait 60s); at most one pull batch (%d) may be in flight at the stop", len(seen), total-acked, wait, batch)
+					}
+					t.Logf("%d unfinished messages redelivered to the new consumer in %v; %d never reached the stopped consumer (in flight at the stop: back after AckWait)", len(seen), time.Since(start).Round(time.Millisecond), inFlight)
 					return
 				}
 				// Control: the 15 handed-out-unacked messages (and the pulled
