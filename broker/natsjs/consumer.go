@@ -365,6 +365,8 @@ func (c *Consumer) Consume(ctx context.Context, handle func(context.Context, *br
 // Consume gets going again when its pull request is gone without a word:
 //   - the server holding it died (a stream or consumer leader SIGKILLed
 //     in a cluster, while the client stays connected to another node);
+//   - the server dropped it: a request with a heartbeat that finds the
+//     consumer's waiting queue full gets no answer at all;
 //   - nats.go skipped the re-pull (its Next asks for more only while no
 //     pull request of its own is being sent; when that sender goroutine is
 //     descheduled until the batch it asked for has been handed out, Next

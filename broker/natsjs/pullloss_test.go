@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -91,7 +90,7 @@ func TestConsumerResumesAfterPullRequestLost(t *testing.T) {
 				// The server takes pull requests in order: once a no-wait
 				// request sent after Consume's is answered, Consume's was
 				// handled (dropped).
-				if _, err := nc.Request(next, []byte(`{"batch":1,"no_wait":true}`), 10*time.Second); err != nil && err != nats.ErrNoResponders {
+				if _, err := nc.Request(next, []byte(`{"batch":1,"no_wait":true}`), 10*time.Second); err != nil {
 					t.Fatalf("no-wait request after Consume's: %v", err)
 				}
 				other.Close()
@@ -121,11 +120,12 @@ func TestConsumerResumesAfterPullRequestLost(t *testing.T) {
 	}
 }
 
-// TestConsumerIdleHoldsOnePullRequest: an idle Consume keeps one pull
-// request on the server. Its heartbeats arrive, so the iterator never
-// decides it lost the request; a server that did not send them (or a
-// heartbeat shorter than the client can see) would show a new request
-// every two heartbeats piling up until they expire (30 s).
+// TestConsumerIdleHoldsOnePullRequest: an idle Consume keeps its pull
+// request on the server. Its heartbeats arrive, so the iterator does not
+// decide it lost the request; without them a new request would pile up
+// every two heartbeats until they expire (30 s): 4 or more after 7 s. One
+// extra request is tolerated: a heartbeat delayed past 2 s on a loaded
+// machine re-pulls once, which costs a pull batch, not correctness.
 func TestConsumerIdleHoldsOnePullRequest(t *testing.T) {
 	for _, s := range servers(t) {
 		t.Run(s.name, func(t *testing.T) {
@@ -138,13 +138,14 @@ func TestConsumerIdleHoldsOnePullRequest(t *testing.T) {
 			defer c.Close()
 			_, stop := consumeInto(t, c)
 			defer stop()
-			time.Sleep(6 * DefaultPullHeartbeat) // three heartbeat checks
+			const idle = 7 * DefaultPullHeartbeat
+			time.Sleep(idle)
 			info, err := c.cons.Info(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if info.NumWaiting != 1 {
-				t.Fatalf("idle consumer after %v: %d pull requests waiting, want 1", 6*DefaultPullHeartbeat, info.NumWaiting)
+			if info.NumWaiting < 1 || info.NumWaiting > 2 {
+				t.Fatalf("idle consumer after %v: %d pull requests waiting, want 1 (2 at most)", idle, info.NumWaiting)
 			}
 		})
 	}
