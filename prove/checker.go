@@ -68,6 +68,11 @@ type Figures struct {
 	DuplicateApplies int `json:"duplicate_applies"`
 	// DuplicateEffects: provider charges beyond one per paid event. Must be 0.
 	DuplicateEffects int `json:"duplicate_effects"`
+	// MissingEffects: paid orders the consumer applied whose charge never
+	// reached the provider — an effect given up (the ledger's failed) or
+	// still open when the settle budget ran out. Must be 0: the fake
+	// provider never refuses a charge.
+	MissingEffects int `json:"missing_effects"`
 	// OrderViolations: an aggregate's events applied out of sequence order.
 	OrderViolations int `json:"order_violations"`
 	// SequenceErrors: an aggregate's committed sequence numbers are not 1..n.
@@ -133,7 +138,7 @@ func (f Figures) Deterministic(control bool) map[string]int {
 	}
 	return map[string]int{
 		"planned": f.Planned, "committed": f.Committed, "rolled_back": f.RolledBack,
-		"lost": f.Lost, "phantom": f.Phantom, "duplicate_effects": f.DuplicateEffects,
+		"lost": f.Lost, "phantom": f.Phantom, "duplicate_effects": f.DuplicateEffects, "missing_effects": f.MissingEffects,
 		"order_violations": f.OrderViolations, "sequence_errors": f.SequenceErrors,
 		"faults_injected": f.FaultsInjected, "parked": f.Parked, "dead_letters": f.DeadLetters,
 		"duplicate_applies": f.DuplicateApplies, "state_mismatch": f.StateMismatch,
@@ -389,6 +394,12 @@ func check(e *env, t *truth) (Figures, []string) {
 			f.DuplicateEffects += n // money moved for something that never committed
 		}
 	}
+	for _, ev := range e.plan.events {
+		if ev.kind == "order.paid" && ev.special == specialNone && t.business[ev.id] && applied[ev.id] > 0 && e.provider.charges[ev.id] == 0 {
+			f.MissingEffects++
+			eventViol("event %s: applied, its charge never reached the provider (ledger: %s)", ev.id, ledgerStateOf(t, ev.id))
+		}
+	}
 	f.ProviderCalls = e.provider.calls
 	f.Reconciliations = e.provider.statusCalls
 	e.provider.mu.Unlock()
@@ -530,6 +541,9 @@ func check(e *env, t *truth) (Figures, []string) {
 	if f.DuplicateEffects > 0 {
 		viol("%d duplicate external effects", f.DuplicateEffects)
 	}
+	if f.MissingEffects > 0 {
+		viol("%d paid orders applied without their charge (effects given up or still open)", f.MissingEffects)
+	}
 	if f.OrderViolations > 0 {
 		viol("%d order violations", f.OrderViolations)
 	}
@@ -550,6 +564,17 @@ func check(e *env, t *truth) (Figures, []string) {
 		perEvent = append(perEvent[:maxEventViolations], fmt.Sprintf("… %d more", len(perEvent)-maxEventViolations))
 	}
 	return f, append(v, perEvent...)
+}
+
+// ledgerStateOf is the state of event id's intent in package effect's
+// ledger, or "no row" (prove's reference ledger is not read).
+func ledgerStateOf(t *truth, id string) string {
+	for _, r := range t.effects {
+		if r.eventID == id {
+			return r.state
+		}
+	}
+	return "no row"
 }
 
 // checkOutcomes holds the database to what the producer was told

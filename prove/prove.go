@@ -67,8 +67,11 @@ type config struct {
 	// the consumer (in-process or subprocess) waits this long before it
 	// consumes. kafkaDynamic: the Kafka consumer joins without an instance
 	// id, so a restarted one waits for the dead member's session.
+	// effectDelay: the in-process effect worker starts this long after
+	// the pipeline (intents wait, open, meanwhile).
 	consumerDelay time.Duration
 	kafkaDynamic  bool
+	effectDelay   time.Duration
 
 	// broken switches a safety mechanism off in every scenario (tests:
 	// a deliberately broken build must be caught by the scenario meant
@@ -187,6 +190,10 @@ func withBrokenBuild(kind string) Option { return func(c *config) { c.broken = k
 // withSlowConsumer makes every start of the consumer wait d before it
 // consumes (tests only).
 func withSlowConsumer(d time.Duration) Option { return func(c *config) { c.consumerDelay = d } }
+
+// withSlowEffects makes the in-process effect worker start d after the
+// rest of the pipeline (tests only).
+func withSlowEffects(d time.Duration) Option { return func(c *config) { c.effectDelay = d } }
 
 // withKafkaDynamicMembership runs the Kafka consumer without an instance
 // id (tests only).

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -54,17 +53,15 @@ func (e *env) runRealEffects(ctx context.Context) error {
 	}
 	exec, rec := e.effectExecutor()
 	id := "effects-" + randHex(3)
-	w, err := effect.NewWorker(l, exec, rec,
-		effect.WithWorkerID(id), effect.WithPollInterval(20*time.Millisecond),
-		effect.WithLease(300*time.Millisecond), effect.WithCallTimeout(100*time.Millisecond),
-		effect.WithBackoff(20*time.Millisecond, 200*time.Millisecond),
+	w, err := effect.NewWorker(l, exec, rec, append(effectTiming(),
+		effect.WithWorkerID(id),
 		effect.WithLogger(e.log), effect.WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"prove_instance": id}, e.reg)),
 		effect.WithFaults(effect.Faults{AfterExecuteBeforeRecord: func(in effect.Intent, _ effect.Result, _ error) error {
 			if e.fire(faultEffectCrash, in.EventID.String()) {
 				return errCrash
 			}
 			return nil
-		}}))
+		}}))...)
 	if err != nil {
 		return fmt.Errorf("prove: effect worker: %w", err)
 	}

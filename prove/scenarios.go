@@ -635,10 +635,17 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	}
 	if sc.sigkillEffects {
 		startEffectSigkill(runCtx, &wg, e, provSrv, killsDone)
-	} else if e.realInbox {
-		supervise(runCtx, &wg, e.log, "effects", e.runRealEffects)
 	} else {
-		supervise(runCtx, &wg, e.log, "effects", (&refEffects{env: e, unknownAfter: 300 * time.Millisecond}).run)
+		run := (&refEffects{env: e, unknownAfter: 300 * time.Millisecond}).run
+		if e.realInbox {
+			run = e.runRealEffects
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sleepCtx(runCtx, cfg.effectDelay)
+			supervise(runCtx, &wg, e.log, "effects", run)
+		}()
 	}
 
 	// The outage: black hole, then reset every connection, then heal.

@@ -109,8 +109,9 @@ const maxUnsureRounds = 4
 
 // stillOwed counts the committed events not yet handled that the pipeline
 // can still deliver: held by the broker for the consumer, or unsent in the
-// outbox while a relay will still send them; and the pending outbox rows of
-// events already handled while a relay will still mark them. unsure counts, where the
+// outbox while a relay will still send them; the pending outbox rows of
+// events already handled while a relay will still mark them; and the
+// effect intents not yet ended. unsure counts, where the
 // broker gives only a ready count (RabbitMQ), the missing events it stored
 // beyond that count: they may sit unacked with a live consumer (a queue
 // cannot say; they return to ready when its channel closes) or have been
@@ -148,6 +149,14 @@ func stillOwed(ctx context.Context, e *env) (owed, unsure int, err error) {
 			}
 		}
 	}
+	// An open intent is owed too: the effect worker still executes it. A
+	// breaker pause or a lease expiry is a stall of the pipeline, not a
+	// sign that nothing more can happen (checker: missing effects).
+	var openEffects int64
+	if err := countInto(ctx, e.db.drv.Executor(), e.openEffectsSQL(), &openEffects); err != nil {
+		return 0, 0, err
+	}
+	owed += int(openEffects)
 	if len(missing) == 0 {
 		return owed, 0, nil
 	}

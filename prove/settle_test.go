@@ -86,3 +86,42 @@ func TestUndeliveredAtDeadlineIsNotLost(t *testing.T) {
 		}
 	}
 }
+
+// An effect worker that is slow — it starts longer after the pipeline than
+// the settle loop's stall period — still charges every paid order: the
+// scenario must wait for the open intents and pass. A settle loop that
+// stopped once every event was applied ended while intents were pending
+// (CI: a breaker pause did that), and the checker, which then did not
+// compare the provider's books with the applied orders, passed a run that
+// never charged them.
+func TestSlowEffectsAreNotMissing(t *testing.T) {
+	parallelUnlessRace(t)
+	rep, err := Run(context.Background(), small(WithEvents(60), withSlowEffects(4*time.Second),
+		WithScenarios("external-success-local-failure"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertMatrix(t, rep, nil)
+	r := rep.Results[0]
+	if r.Figures.MissingEffects != 0 || r.Figures.FaultsInjected == 0 || r.Figures.ProviderCalls == 0 {
+		t.Errorf("missing effects %d, faults %d, provider calls %d", r.Figures.MissingEffects, r.Figures.FaultsInjected, r.Figures.ProviderCalls)
+	}
+}
+
+// When the budget runs out before the effect worker ran, the applied but
+// uncharged orders are a violation of their own: missing effects.
+func TestMissingEffectsAtDeadline(t *testing.T) {
+	parallelUnlessRace(t)
+	rep, err := Run(context.Background(), small(WithEvents(60), withSlowEffects(time.Minute), WithDuration(3*time.Second),
+		WithScenarios("external-success-local-failure"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rep.Results[0]
+	if r.Status != StatusFail || r.Figures.MissingEffects == 0 || r.Figures.ProviderCalls != 0 || r.Figures.Lost != 0 {
+		t.Errorf("status %s, missing effects %d, provider calls %d, lost %d, violations %v", r.Status, r.Figures.MissingEffects, r.Figures.ProviderCalls, r.Figures.Lost, r.Violations)
+	}
+	if r.Elapsed < 3*time.Second {
+		t.Errorf("the scenario ended after %s, before its 3s budget", r.Elapsed)
+	}
+}
