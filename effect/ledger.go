@@ -270,9 +270,9 @@ func stats(ctx context.Context, exec driver.Executor, s statements, now time.Tim
 
 // statements is the ledger's SQL, rendered once per dialect and tables.
 type statements struct {
-	insert, requestSHA, claim                               string
-	start, release, succeed, fail, retry, unknown, notFound string
-	countByState, oldestUnknown                             string
+	insert, requestSHA, claim                                        string
+	start, unstart, release, succeed, fail, retry, unknown, notFound string
+	countByState, oldestUnknown                                      string
 	// MySQL: the claim without RETURNING (mysql.go).
 	mysqlPick, mysqlReadBack string
 }
@@ -304,6 +304,15 @@ RETURNING id, idem_key, consumer, CAST(event_id AS TEXT), step, tenant_id, targe
 		// worker dies during it. $1 id, $2 owner, $3 lease until, $4 now.
 		start: fmt.Sprintf(`UPDATE %s SET state = 'in_flight', attempts = attempts + 1, lease_until = $3, updated_at = $4
 WHERE id = $1 AND lease_owner = $2 AND state = 'pending' AND lease_until > $4`, n),
+		// The worker started the attempt and then did not call (the start
+		// came too late for its lease to cover a call): nothing was sent,
+		// so the attempt is taken back and the intent waits for its next
+		// one. A claim that took the row over meanwhile (another owner, or
+		// the row already unknown) is left alone. $1 id, $2 owner, $3 next
+		// attempt, $4 now.
+		unstart: fmt.Sprintf(`UPDATE %s SET state = 'pending', attempts = attempts - 1, next_attempt_at = $3, updated_at = $4,
+    lease_owner = '', lease_until = NULL
+WHERE id = $1 AND lease_owner = $2 AND state = 'in_flight'`, n),
 		// $1 id, $2 owner, $3 next attempt, $4 now.
 		release: fmt.Sprintf(`UPDATE %s SET lease_owner = '', lease_until = NULL, next_attempt_at = $3, updated_at = $4
 WHERE id = $1 AND lease_owner = $2`, n),

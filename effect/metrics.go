@@ -30,7 +30,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"target", "outcome"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: metricname.Effect + "attempts_total",
-			Help: "Execution attempts by target and outcome (succeeded, failed, unknown, not_sent).",
+			Help: "Execution attempts by target and outcome (succeeded, failed, unknown, not_sent; not_called: started, not called, taken back).",
 		}, []string{"target", "outcome"}),
 		attemptsPerEffect: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    metricname.Effect + "attempts_per_effect",

@@ -454,13 +454,21 @@ func (w *Worker) execute(ctx, bg context.Context, t *targetState, r row, log *sl
 	}
 	// If the database made us wait, the lease we just wrote may not cover
 	// the call any more; another worker could then take the row over and
-	// reconcile while our call is still in progress. Do not call: the row
-	// is in_flight on record, so it will be reconciled (not found → retried
-	// with the same key) after the lease expires.
+	// reconcile while our call is still in progress. Do not call. Nothing
+	// was sent, so the attempt is taken back (unstart): it does not count
+	// towards the maximum — a database slow for a while must not exhaust
+	// an intent that was never tried. Had the lease already passed to
+	// another claim, unstart changes nothing and that claim reconciles
+	// (not found → retried with the same key).
 	// The slack left after the call, at least (lease − call timeout)/2,
 	// absorbs clock differences between workers.
 	if elapsed := w.now().Sub(now); elapsed > (w.cfg.lease-w.cfg.callTimeout)/2 {
 		log.WarnContext(ctx, "effect: attempt start took too long; not calling, the lease would not cover the call", "elapsed", elapsed)
+		at := w.now().UTC()
+		if _, err := w.db.Executor().Exec(bg, w.sql.unstart, r.id, r.owner, at.Add(w.backoff(0)), at); err != nil {
+			log.WarnContext(ctx, "effect: could not take the attempt back; it will be reconciled after its lease", logattr.Err(err))
+		}
+		w.m.attempts.WithLabelValues(r.in.Target, "not_called").Inc()
 		return
 	}
 	in := r.in
