@@ -57,17 +57,23 @@ const (
 const providerDelay = 40 * time.Millisecond
 
 // effectTiming is the timing of package effect's worker in every scenario,
-// in process or as a subprocess: the lease must cover the call timeout
-// with slack for the database's latency under load. The breaker's pause is
-// scaled to the lease like the rest: with the default 5 s cooldown, a
-// breaker opened by calls timed out under load held the remaining intents
-// past settle's stall period, and the run ended with intents pending
-// (CI once: external-success-local-failure with no fault fired and paid
-// orders never charged).
+// in process or as a subprocess. The lease must cover, with slack, the
+// wait of a claimed intent for its turn and its start write, then the call:
+// under -race on a loaded machine SQLite's single writer made a 400 ms
+// lease (with batches of 64 for 16 concurrent calls) expire before most
+// starts ("lost the intent before the call"), and a start wait longer than
+// (lease − call timeout)/2 means no call (effect.Worker.execute); the demo
+// ended with paid orders never charged. So: batches of one turn of the
+// target's concurrency, a 3 s lease, a 500 ms call timeout. A dead
+// worker's intent is reconciled once its lease runs out, so the lease is
+// also how long a crash costs. The breaker's pause is scaled like the
+// rest: with the default 5 s cooldown, a breaker opened by calls timed out
+// under load held the remaining intents past settle's stall period (CI
+// once: external-success-local-failure with no fault fired).
 func effectTiming() []effect.WorkerOption {
 	return []effect.WorkerOption{
-		effect.WithPollInterval(20 * time.Millisecond),
-		effect.WithLease(400 * time.Millisecond), effect.WithCallTimeout(150 * time.Millisecond),
+		effect.WithPollInterval(20 * time.Millisecond), effect.WithBatchSize(16), effect.WithTargetConcurrency(16),
+		effect.WithLease(3 * time.Second), effect.WithCallTimeout(500 * time.Millisecond),
 		effect.WithBackoff(20*time.Millisecond, 200*time.Millisecond),
 		effect.WithBreaker(5, 500*time.Millisecond),
 	}
