@@ -116,6 +116,15 @@ func BenchmarkDrainNATS(b *testing.B) {
 	benchDrain(b, s, n.publisher(b))
 }
 
+// BenchmarkDrainNATSWatermark: the same drain with the relay's state out
+// of the event row (WithSentWatermark).
+func BenchmarkDrainNATSWatermark(b *testing.B) {
+	s := newPGStore(b, ferry.DefaultShardCount)
+	n, prefix := systemNATS(b)
+	s.insert = s.writer(b, ferry.TopicTemplate(prefix+".{aggregate_type}"))
+	benchDrain(b, s, n.publisher(b), WithSentWatermark())
+}
+
 // BenchmarkDrainNATSMySQL: MySQL/MariaDB → the system NATS JetStream
 // server (the same drain; the claim is one statement per owned shard).
 func BenchmarkDrainNATSMySQL(b *testing.B) {

@@ -18,7 +18,7 @@
 // [Publisher.Publish] sends a batch pipelined (PublishMsgAsync) in slice
 // order on one connection and then waits for every PubAck. Each message
 // carries Nats-Msg-Id = event id (the CloudEvents map itself has only ce-
-// attributes; the adapter adds Nats-Msg-Id through jetstream.WithMsgID).
+// attributes; the adapter adds the Nats-Msg-Id header beside them).
 // The receipt is {broker "nats", destination = stream, key = subject,
 // offset = stream sequence, duplicate = PubAck.Duplicate}. The client's
 // automatic retry after "no responders" is switched off: it would re-send a
