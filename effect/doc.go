@@ -80,6 +80,7 @@
 // ferry_effect_reconciliations_total{target,outcome},
 // ferry_effect_attempts_total{target,outcome},
 // ferry_effect_attempts_per_effect{target,state},
+// ferry_effect_released_total{target,reason},
 // ferry_effect_breaker_state{target,state} (1 for the current state) and
 // ferry_effect_breaker_transitions_total{target,to} (docs/OPERATIONS.md
 // lists every metric).

@@ -184,20 +184,7 @@ func runUntilSettled[TTx any](t *testing.T, h *harness[TTx], w *effect.Worker, l
 			t.Errorf("worker: %v", err)
 		}
 	}()
-	deadline := time.Now().Add(limit)
-	for {
-		st, err := h.ledger.Stats(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.ByState[effect.StatePending]+st.ByState[effect.StateInFlight]+st.ByState[effect.StateUnknown] == 0 {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not settled after %s: %v", limit, st.ByState)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return waitSettled(t, h, limit)
 }
 
 func checkExactlyOnce(t *testing.T, p *provider, orders []order) {
@@ -288,7 +275,9 @@ func runMode[TTx any](t *testing.T, h *harness[TTx], m mode, n int, extra ...eff
 }
 
 // sumMetric sums every series of the counter or gauge family name.
-func sumMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// sumMetric sums the family name's series, only those carrying every
+// label of labels (name, value pairs) if any are given.
+func sumMetric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -299,7 +288,17 @@ func sumMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		if mf.GetName() != name {
 			continue
 		}
+	series:
 		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					found = found || (lp.GetName() == labels[i] && lp.GetValue() == labels[i+1])
+				}
+				if !found {
+					continue series
+				}
+			}
 			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}

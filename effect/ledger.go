@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -268,6 +270,28 @@ func stats(ctx context.Context, exec driver.Executor, s statements, now time.Tim
 	return st, rows.Err()
 }
 
+// skipTargets marks where the claim leaves out the targets whose call
+// slots are all taken in the claiming worker (claimSkipping).
+const skipTargets = "{{skip}}"
+
+// claimSkipping renders a claim statement that leaves out skip's targets,
+// as parameters $5, $6, …
+func claimSkipping(q string, skip []string) string {
+	if len(skip) == 0 {
+		return strings.Replace(q, skipTargets, "", 1)
+	}
+	var b strings.Builder
+	b.WriteString(" AND target NOT IN (")
+	for i := range skip {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("$" + strconv.Itoa(i+5))
+	}
+	b.WriteString(")")
+	return strings.Replace(q, skipTargets, b.String(), 1)
+}
+
 // statements is the ledger's SQL, rendered once per dialect and tables.
 type statements struct {
 	insert, requestSHA, claim                                        string
@@ -290,14 +314,15 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10, $10, $10) ON CONFLIC
 		requestSHA: fmt.Sprintf(`SELECT request_sha FROM %s WHERE idem_key = $1`, n),
 		// Claim due rows under a lease. An in_flight row whose lease expired
 		// belonged to a worker that died mid-call: it becomes unknown.
-		// $1 owner, $2 lease until, $3 now, $4 limit.
+		// $1 owner, $2 lease until, $3 now, $4 limit, then the targets to
+		// skip (claimSkipping).
 		claim: fmt.Sprintf(`UPDATE %[1]s SET lease_owner = $1, lease_until = $2, updated_at = $3,
     last_error = CASE WHEN state = 'in_flight' THEN 'lease expired while in flight (worker died mid-call?)' ELSE last_error END,
     unknown_since = CASE WHEN state = 'in_flight' THEN $3 ELSE unknown_since END,
     state = CASE WHEN state = 'in_flight' THEN 'unknown' ELSE state END
 WHERE id IN (SELECT id FROM %[1]s
-    WHERE (state IN ('pending', 'unknown') AND next_attempt_at <= $3 AND (lease_until IS NULL OR lease_until < $3))
-       OR (state = 'in_flight' AND lease_until < $3)
+    WHERE ((state IN ('pending', 'unknown') AND next_attempt_at <= $3 AND (lease_until IS NULL OR lease_until < $3))
+       OR (state = 'in_flight' AND lease_until < $3))`+skipTargets+`
     ORDER BY next_attempt_at, id LIMIT $4%[2]s)
 RETURNING id, idem_key, consumer, CAST(event_id AS TEXT), step, tenant_id, target, operation, request, state, attempts, reconciliations`, n, lock),
 		// Committed before the call: the attempt is on record even if the

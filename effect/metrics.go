@@ -18,6 +18,7 @@ type metrics struct {
 	reconciliations    *prometheus.CounterVec
 	attempts           *prometheus.CounterVec
 	attemptsPerEffect  *prometheus.HistogramVec
+	released           *prometheus.CounterVec
 	breakerState       *prometheus.GaugeVec
 	breakerTransitions *prometheus.CounterVec
 }
@@ -37,6 +38,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Execution attempts an intent needed, observed when it reaches succeeded or failed.",
 			Buckets: []float64{0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20},
 		}, []string{"target", "state"}),
+		released: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricname.Effect + "released_total",
+			Help: "Claimed intents handed back unattempted, due again, by target and reason (breaker_open, rate_limited, no_call_slot: the target's call slots stayed busy past what the claim's lease covers, shutdown).",
+		}, []string{"target", "reason"}),
 		breakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: metricname.Effect + "breaker_state",
 			Help: "Per-target circuit breaker state, one series per state (closed, open, half_open): 1 for the current state, 0 for the others.",
@@ -50,7 +55,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.reconciliations, m.attempts,
-		m.attemptsPerEffect, m.breakerState, m.breakerTransitions} {
+		m.attemptsPerEffect, m.released, m.breakerState, m.breakerTransitions} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

@@ -23,7 +23,7 @@ func mysqlStatements(st *statements, n string) {
 	st.insert = strings.Replace(st.insert, " ON CONFLICT (idem_key) DO NOTHING", "", 1)
 	due := `((state IN ('pending', 'unknown') AND next_attempt_at <= $3 AND (lease_until IS NULL OR lease_until < $3))
        OR (state = 'in_flight' AND lease_until < $3))`
-	st.mysqlPick = fmt.Sprintf(`SELECT id FROM %s WHERE %s ORDER BY next_attempt_at, id LIMIT $4`, n, due)
+	st.mysqlPick = fmt.Sprintf(`SELECT id FROM %s WHERE %s%s ORDER BY next_attempt_at, id LIMIT $4`, n, due, skipTargets)
 	st.claim = fmt.Sprintf(`UPDATE %s SET lease_owner = $1, lease_until = $2, updated_at = $3,
     last_error = CASE WHEN state = 'in_flight' THEN 'lease expired while in flight (worker died mid-call?)' ELSE last_error END,
     unknown_since = CASE WHEN state = 'in_flight' THEN $3 ELSE unknown_since END,
@@ -35,9 +35,9 @@ FROM %s WHERE id IN ({{ids}}) AND lease_owner = $1 ORDER BY next_attempt_at, id`
 
 // claimMySQL is the claim's MySQL form; it returns the claimed rows' query
 // and arguments for the common scan, or "" when nothing was due.
-func (w *Worker) claimMySQL(ctx context.Context, args ...any) (string, error) {
+func (w *Worker) claimMySQL(ctx context.Context, skip []string, args ...any) (string, error) {
 	exec := w.db.Executor()
-	rows, err := exec.Query(ctx, w.sql.mysqlPick, args...)
+	rows, err := exec.Query(ctx, claimSkipping(w.sql.mysqlPick, skip), args...)
 	if err != nil {
 		return "", err
 	}

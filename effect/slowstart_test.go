@@ -79,23 +79,7 @@ func slowStart[TTx any](t *testing.T, h *harness[TTx], ddl []string) {
 		t.Fatalf("provider saw %d charge requests and %d status queries, want 1 and 0", posts, q)
 	}
 	checkExactlyOnce(t, p, orders)
-	notCalled := 0.0
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "ferry_effect_attempts_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "outcome" && lp.GetValue() == "not_called" {
-					notCalled += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
+	notCalled := sumMetric(t, reg, "ferry_effect_attempts_total", "outcome", "not_called")
 	if notCalled != 2 {
 		t.Errorf("ferry_effect_attempts_total{outcome=not_called} = %v, want 2 (the two delayed starts)", notCalled)
 	}

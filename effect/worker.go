@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -107,6 +108,8 @@ func WithBackoff(base, max time.Duration) WorkerOption {
 }
 
 // WithTargetConcurrency bounds concurrent calls per target (default 16).
+// Run claims at most this many intents at a time, and none of a target
+// whose calls its claims already fill.
 func WithTargetConcurrency(n int) WorkerOption { return func(c *workerConfig) { c.concurrency = n } }
 
 // WithTargetRate limits calls (executions and status queries) per target to
@@ -199,6 +202,27 @@ type targetState struct {
 	sem     chan struct{}
 	limiter *rate.Limiter
 	breaker *breaker
+	// held counts the target's intents Run has claimed and not finished
+	// with (called, waiting for a slot, or being released).
+	held atomic.Int64
+}
+
+// maxSkippedTargets bounds the targets a claim leaves out (one parameter
+// each); intents of further full targets are claimed and wait for a slot
+// as far as takeSlot allows.
+const maxSkippedTargets = 100
+
+// fullTargets lists the targets whose call slots Run's claims fill.
+func (w *Worker) fullTargets() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for name, t := range w.target {
+		if t.held.Load() >= int64(w.cfg.concurrency) && len(out) < maxSkippedTargets {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 func (w *Worker) targetFor(name string) *targetState {
@@ -240,6 +264,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	slots := make(chan struct{}, w.cfg.batch)
+	freed := make(chan struct{}, 1)
 	for {
 		select {
 		case slots <- struct{}{}:
@@ -256,7 +281,12 @@ func (w *Worker) Run(ctx context.Context) error {
 				break more
 			}
 		}
-		rows, err := w.claim(ctx, free)
+		// A claim takes at most one target's worth of call slots and none
+		// for a target whose slots this worker's claims already fill:
+		// intents claimed beyond what can be called wait here under a
+		// lease while another worker, idle, could call them.
+		limit, skip := min(free, w.cfg.concurrency), w.fullTargets()
+		rows, err := w.claim(ctx, limit, skip)
 		if err != nil && ctx.Err() == nil {
 			w.log.ErrorContext(ctx, "effect claim failed", logattr.Err(err))
 		}
@@ -264,10 +294,22 @@ func (w *Worker) Run(ctx context.Context) error {
 			<-slots
 		}
 		for _, r := range rows {
+			t := w.targetFor(r.in.Target)
+			t.held.Add(1)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
+				defer func() {
+					// A skipped target has a free slot again: claim now,
+					// not after the poll interval.
+					if t.held.Add(-1) == int64(w.cfg.concurrency-1) {
+						select {
+						case freed <- struct{}{}:
+						default:
+						}
+					}
+				}()
 				w.process(ctx, r)
 			}()
 		}
@@ -275,6 +317,8 @@ func (w *Worker) Run(ctx context.Context) error {
 			t := time.NewTimer(w.cfg.poll)
 			select {
 			case <-t.C:
+			case <-freed:
+				t.Stop()
 			case <-ctx.Done():
 				t.Stop()
 				return nil
@@ -286,7 +330,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // Work claims one batch of due intents, processes it and returns how many
 // it claimed. Run is Work in a loop; Work suits tests and cron-style use.
 func (w *Worker) Work(ctx context.Context) (int, error) {
-	rows, err := w.claim(ctx, w.cfg.batch)
+	rows, err := w.claim(ctx, w.cfg.batch, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -306,18 +350,26 @@ func (w *Worker) Work(ctx context.Context) (int, error) {
 type row struct {
 	id              int64
 	owner           string
+	claimedAt       time.Time // by this worker's clock: the claim's lease runs from here
 	in              Intent
 	state           State
 	attempts        int
 	reconciliations int
 }
 
-func (w *Worker) claim(ctx context.Context, limit int) ([]row, error) {
+// claim takes up to limit due intents under a lease, leaving out skip's
+// targets.
+func (w *Worker) claim(ctx context.Context, limit int, skip []string) ([]row, error) {
 	now := w.now().UTC()
 	owner := w.id + "/" + uuid.NewString()[:8]
-	query := w.sql.claim
+	args := make([]any, 0, 4+len(skip))
+	args = append(args, owner, now.Add(w.cfg.lease), now, limit)
+	for _, t := range skip {
+		args = append(args, t)
+	}
+	query := claimSkipping(w.sql.claim, skip)
 	if w.sql.mysqlPick != "" {
-		q, err := w.claimMySQL(ctx, owner, now.Add(w.cfg.lease), now, limit)
+		q, err := w.claimMySQL(ctx, skip, args...)
 		if err != nil {
 			return nil, fmt.Errorf("effect: claim: %w", err)
 		}
@@ -326,14 +378,14 @@ func (w *Worker) claim(ctx context.Context, limit int) ([]row, error) {
 		}
 		query = q
 	}
-	rows, err := w.db.Executor().Query(ctx, query, owner, now.Add(w.cfg.lease), now, limit)
+	rows, err := w.db.Executor().Query(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("effect: claim: %w", err)
 	}
 	defer rows.Close()
 	var out []row
 	for rows.Next() {
-		r := row{owner: owner}
+		r := row{owner: owner, claimedAt: now}
 		var ev, state string
 		if err := rows.Scan(&r.id, &r.in.Key, &r.in.Consumer, &ev, &r.in.Step, &r.in.TenantID, &r.in.Target, &r.in.Operation,
 			&r.in.Request, &state, &r.attempts, &r.reconciliations); err != nil {
@@ -357,10 +409,7 @@ func (w *Worker) process(ctx context.Context, r row) {
 	// own timeouts): abandoning them half-way only creates unknowns.
 	bg := context.WithoutCancel(ctx)
 	t := w.targetFor(r.in.Target)
-	select {
-	case t.sem <- struct{}{}:
-	case <-ctx.Done():
-		w.release(bg, r, w.now())
+	if !w.takeSlot(ctx, bg, t, r) {
 		return
 	}
 	defer func() { <-t.sem }()
@@ -373,19 +422,46 @@ func (w *Worker) process(ctx context.Context, r row) {
 	w.execute(ctx, bg, t, r, log)
 }
 
+// takeSlot waits for one of the target's call slots, but not past the
+// point where the claim's lease would no longer cover a call (the bound
+// execute applies to a slow start). A claim can take more intents of a
+// target than it has free slots (Run's up to the slot count, Work's a
+// whole batch), and when the calls in progress run long, the intents
+// behind them would otherwise sit claimed and untried until their lease
+// ran out. Released, due at once, they go to whichever worker has a free
+// slot first. It returns false when the intent was released.
+func (w *Worker) takeSlot(ctx, bg context.Context, t *targetState, r row) bool {
+	select {
+	case t.sem <- struct{}{}:
+		return true
+	default:
+	}
+	wait := time.NewTimer(r.claimedAt.Add(w.slotWait()).Sub(w.now()))
+	defer wait.Stop()
+	select {
+	case t.sem <- struct{}{}:
+		return true
+	case <-wait.C:
+		w.release(bg, r, w.now(), "no_call_slot")
+	case <-ctx.Done():
+		w.release(bg, r, w.now(), "shutdown")
+	}
+	return false
+}
+
 // gate applies the breaker and the rate limit before a call. If the call
 // may not go now, the intent is released for later and gate returns false.
 func (w *Worker) gate(ctx, bg context.Context, t *targetState, r row) bool {
 	now := w.now()
 	if ok, retryAt := t.breaker.allow(now); !ok {
 		// Spread the wake-ups over a fraction of the cooldown.
-		w.release(bg, r, retryAt.Add(backoff.Uniform(0, w.cfg.breakerCool/4)))
+		w.release(bg, r, retryAt.Add(backoff.Uniform(0, w.cfg.breakerCool/4)), "breaker_open")
 		return false
 	}
 	wctx, cancel := context.WithTimeout(ctx, w.cfg.lease/2)
 	defer cancel()
 	if err := t.limiter.Wait(wctx); err != nil {
-		w.release(bg, r, now.Add(w.backoff(1)))
+		w.release(bg, r, now.Add(w.backoff(1)), "rate_limited")
 		return false
 	}
 	return true
@@ -462,7 +538,7 @@ func (w *Worker) execute(ctx, bg context.Context, t *targetState, r row, log *sl
 	// (not found → retried with the same key).
 	// The slack left after the call, at least (lease − call timeout)/2,
 	// absorbs clock differences between workers.
-	if elapsed := w.now().Sub(now); elapsed > (w.cfg.lease-w.cfg.callTimeout)/2 {
+	if elapsed := w.now().Sub(now); elapsed > w.slotWait() {
 		log.WarnContext(ctx, "effect: attempt start took too long; not calling, the lease would not cover the call", "elapsed", elapsed)
 		at := w.now().UTC()
 		if _, err := w.db.Executor().Exec(bg, w.sql.unstart, r.id, r.owner, at.Add(w.backoff(0)), at); err != nil {
@@ -541,11 +617,20 @@ func (w *Worker) finish(bg context.Context, r row, s State, opID, summary, lastE
 	log.DebugContext(bg, "effect done", "state", string(s), "operation_id", opID, "attempts", r.attempts)
 }
 
-func (w *Worker) release(bg context.Context, r row, at time.Time) {
+// release hands a claimed, unattempted intent back, due at at; reason
+// labels ferry_effect_released_total.
+func (w *Worker) release(bg context.Context, r row, at time.Time, reason string) {
+	w.m.released.WithLabelValues(r.in.Target, reason).Inc()
 	if _, err := w.db.Executor().Exec(bg, w.sql.release, r.id, r.owner, at.UTC(), w.now().UTC()); err != nil {
 		w.log.WarnContext(bg, "effect: could not release intent; its lease will expire", "key", r.in.Key, logattr.Err(err))
 	}
 }
+
+// slotWait is how long a lease may have run before a call starts, so that
+// what is left of it covers the call with slack: (lease − call timeout)/2.
+// A claimed intent waits at most this long for a call slot, and a start
+// that the database held longer is taken back.
+func (w *Worker) slotWait() time.Duration { return (w.cfg.lease - w.cfg.callTimeout) / 2 }
 
 // backoff is full jitter after the n-th failure: uniform in
 // [0, min(max, base·2^n)].
