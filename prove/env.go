@@ -51,6 +51,11 @@ type env struct {
 
 	outboxSnap map[string]outboxTruth // outbox before a cleanup
 
+	// earlyAcked counts messages the ack-before-commit control's inbox
+	// has acked and not yet committed: its database crashes wait for one,
+	// so the control's loss does not depend on the consumer keeping up.
+	earlyAcked atomic.Int32
+
 	relayDB      *databasesql.Driver // the relays' database when it differs (database-outage)
 	stopping     bool                // a subprocess relay freezes itself (concurrent-relays)
 	stoppedRelay atomic.Bool         // the frozen subprocess relay reported back

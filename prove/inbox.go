@@ -111,6 +111,8 @@ func (c *refInbox) handle(ctx context.Context, d *broker.Delivery) error {
 		if err := d.Ack(ctx); err != nil {
 			return fmt.Errorf("inbox: early ack: %w", err)
 		}
+		c.env.earlyAcked.Add(1)
+		defer c.env.earlyAcked.Add(-1)
 		early := *d
 		early.Ack = func(context.Context) error { return nil }
 		early.Nack = func(context.Context, time.Duration) error { return nil }
