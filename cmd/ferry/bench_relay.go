@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,6 +11,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -160,6 +163,9 @@ func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error
 		if res.claims.Count > 0 {
 			fmt.Fprintf(out, "          statements: %s\n", statementsLine(res.claims, res.marks))
 		}
+		if l := res.split.line(); l != "" {
+			fmt.Fprintf(out, "          split: %s\n", l)
+		}
 	}
 	fmt.Fprintf(out, "peak RSS  %.1f MB (whole process)\n", float64(benchPeakRSS())/(1<<20))
 	return nil
@@ -167,20 +173,96 @@ func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error
 
 type benchResult struct {
 	elapsed time.Duration
-	lat     []time.Duration
+	lat     []time.Duration // commit→ack, sorted
+	// split: where each latency event's time went (latency runs only).
+	split latencySplit
 	// claims, marks: the relay's claim and mark (watermark design: advance)
 	// statements, timed by relayTracer (Postgres only; zero elsewhere).
 	claims, marks phaseFigures
 }
 
-func (r benchResult) q(p float64) time.Duration {
-	if len(r.lat) == 0 {
-		return 0
-	}
-	return r.lat[int(float64(len(r.lat)-1)*p)]
-}
+func (r benchResult) q(p float64) time.Duration { return quantile(r.lat, p) }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// latencySplit divides each event's commit→ack time at the moment its
+// batch was claimed (the relay's BeforePublish hook), so a tail can be
+// told apart: waiting to be claimed (NOTIFY, wake-up, the claim, a cycle
+// in the way) or publishing (the broker's ack).
+type latencySplit struct {
+	wait, publish []time.Duration // commit→claimed, claimed→ack; in event order
+	total         []time.Duration // commit→ack, same order
+	commits       []time.Duration // the producer's Insert (its commit), sorted
+	schedP99      time.Duration   // the Go scheduler's goroutine latency p99 in the run
+}
+
+func quantile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	return d[int(float64(len(d)-1)*p)]
+}
+
+func sortedCopy(d []time.Duration) []time.Duration {
+	c := slices.Clone(d)
+	slices.Sort(c)
+	return c
+}
+
+// line prints the split: each part's p50/p99, and for the slowest 1 % of
+// events the median of each part.
+func (s latencySplit) line() string {
+	if len(s.total) == 0 {
+		return ""
+	}
+	w, p := sortedCopy(s.wait), sortedCopy(s.publish)
+	// The slowest 1 % (at least one event), by commit→ack.
+	idx := make([]int, len(s.total))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(s.total[b], s.total[a]) })
+	idx = idx[:max(1, len(idx)/100)]
+	var tw, tp []time.Duration
+	for _, i := range idx {
+		tw, tp = append(tw, s.wait[i]), append(tp, s.publish[i])
+	}
+	tw, tp = sortedCopy(tw), sortedCopy(tp)
+	return fmt.Sprintf("commit→claimed p50 %.2f p99 %.2f ms; claimed→ack p50 %.2f p99 %.2f ms; slowest 1%% (%d, ≥ %.2f ms): medians %.2f ms to the claim, %.2f ms to the ack; producer commit p99 %.2f ms; Go scheduling latency p99 %.0f µs",
+		ms(quantile(w, 0.5)), ms(quantile(w, 0.99)), ms(quantile(p, 0.5)), ms(quantile(p, 0.99)),
+		len(idx), ms(s.total[idx[len(idx)-1]]), ms(quantile(tw, 0.5)), ms(quantile(tp, 0.5)), ms(quantile(s.commits, 0.99)), float64(s.schedP99)/float64(time.Microsecond))
+}
+
+// schedLatencies reads the Go runtime's histogram of the time goroutines
+// waited runnable before they ran (cumulative since the process started).
+func schedLatencies() *metrics.Float64Histogram {
+	sm := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(sm)
+	if sm[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return nil
+	}
+	return sm[0].Value.Float64Histogram()
+}
+
+// histP99 is the p99 of the counts added between two reads of one
+// runtime histogram (the upper bound of the bucket holding it).
+func histP99(before, after *metrics.Float64Histogram) time.Duration {
+	if before == nil || after == nil || len(before.Counts) != len(after.Counts) {
+		return 0
+	}
+	var n uint64
+	for i := range after.Counts {
+		n += after.Counts[i] - before.Counts[i]
+	}
+	var acc uint64
+	for i := range after.Counts {
+		acc += after.Counts[i] - before.Counts[i]
+		if n > 0 && acc*100 >= n*99 {
+			return time.Duration(after.Buckets[i+1] * float64(time.Second))
+		}
+	}
+	return 0
+}
 
 // benchRelayRun runs one measurement in a fresh schema (MySQL: database)
 // and destination.
@@ -281,16 +363,35 @@ func benchRelayMeasure[TTx any](ctx context.Context, f *benchRelayFlags, kind, s
 
 	var mu sync.Mutex
 	committed := map[string]time.Time{}
+	claimedAt := map[string]time.Time{}
 	var lat []time.Duration
+	var split latencySplit
 	if kind == "latency" {
-		ropts = append(ropts, relay.WithFaults(relay.Faults{AfterPublishBeforeMark: func(_ context.Context, evs []ferry.Event, res []broker.Result) error {
+		ropts = append(ropts, relay.WithFaults(relay.Faults{BeforePublish: func(_ context.Context, evs []ferry.Event) error {
+			now := time.Now()
+			mu.Lock()
+			defer mu.Unlock()
+			for _, e := range evs {
+				if _, ok := committed[e.ID.String()]; ok {
+					claimedAt[e.ID.String()] = now
+				}
+			}
+			return nil
+		}, AfterPublishBeforeMark: func(_ context.Context, evs []ferry.Event, res []broker.Result) error {
 			now := time.Now()
 			mu.Lock()
 			defer mu.Unlock()
 			for i, e := range evs {
-				if c, ok := committed[e.ID.String()]; ok && res[i].Err == nil {
+				id := e.ID.String()
+				if c, ok := committed[id]; ok && res[i].Err == nil {
 					lat = append(lat, now.Sub(c))
-					delete(committed, e.ID.String())
+					if cl, ok := claimedAt[id]; ok {
+						split.total = append(split.total, now.Sub(c))
+						split.wait = append(split.wait, cl.Sub(c))
+						split.publish = append(split.publish, now.Sub(cl))
+					}
+					delete(committed, id)
+					delete(claimedAt, id)
 				}
 			}
 			return nil
@@ -320,11 +421,13 @@ func benchRelayMeasure[TTx any](ctx context.Context, f *benchRelayFlags, kind, s
 		<-done
 	}()
 	want := uint64(f.events)
+	var sched *metrics.Float64Histogram
 	if kind == "latency" {
 		want = uint64(f.latencyN)
 		for len(r.Status().OwnedShards) < ferry.DefaultShardCount {
 			time.Sleep(10 * time.Millisecond)
 		}
+		sched = schedLatencies()
 		tick := time.NewTicker(time.Second / time.Duration(f.rate))
 		for i := 0; i < f.latencyN; i++ {
 			<-tick.C
@@ -340,13 +443,16 @@ func benchRelayMeasure[TTx any](ctx context.Context, f *benchRelayFlags, kind, s
 			mu.Lock()
 			committed[id.String()] = time.Now()
 			mu.Unlock()
+			t0 := time.Now()
 			if _, err := w.Insert(ctx, e); err != nil {
 				tick.Stop()
 				return benchResult{}, err
 			}
+			now := time.Now()
+			split.commits = append(split.commits, now.Sub(t0))
 			mu.Lock()
 			if _, ok := committed[id.String()]; ok {
-				committed[id.String()] = time.Now()
+				committed[id.String()] = now
 			}
 			mu.Unlock()
 		}
@@ -362,7 +468,12 @@ func benchRelayMeasure[TTx any](ctx context.Context, f *benchRelayFlags, kind, s
 	res := benchResult{elapsed: time.Since(start)}
 	mu.Lock()
 	res.lat = append(res.lat, lat...)
+	res.split = split
 	mu.Unlock()
+	if sched != nil {
+		res.split.schedP99 = histP99(sched, schedLatencies())
+	}
+	slices.Sort(res.split.commits)
 	sort.Slice(res.lat, func(i, j int) bool { return res.lat[i] < res.lat[j] })
 	return res, nil
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"path/filepath"
+	"runtime/metrics"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -137,7 +139,7 @@ func TestBenchRelaySQLite(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	for _, want := range []string{"drain          400 events", "ratio     drain / broker = ", "NOTIFY       n/a: SQLite", "latency   poll "} {
+	for _, want := range []string{"drain          400 events", "ratio     drain / broker = ", "NOTIFY       n/a: SQLite", "latency   poll ", "split: commit→claimed p50 "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -147,5 +149,33 @@ func TestBenchRelaySQLite(t *testing.T) {
 	}
 	if _, err := runCLI(t, "bench", "relay", "--database-url", "sqlite:"+dir, "--backlog", "10"); err == nil || !strings.Contains(err.Error(), "--backlog") {
 		t.Errorf("--backlog on SQLite: %v, want an error naming it", err)
+	}
+}
+
+// TestLatencySplit: the split's tail is the slowest 1 % by commit→ack,
+// and its medians come from those events' own parts, not the whole run's.
+func TestLatencySplit(t *testing.T) {
+	var s latencySplit
+	for i := 1; i <= 200; i++ {
+		w, p := time.Duration(i)*time.Microsecond, time.Millisecond
+		if i > 198 { // the two slowest wait 10 ms for a claim
+			w = 10 * time.Millisecond
+		}
+		s.wait, s.publish, s.total = append(s.wait, w), append(s.publish, p), append(s.total, w+p)
+	}
+	s.commits = []time.Duration{time.Millisecond, 3 * time.Millisecond}
+	got := s.line()
+	for _, want := range []string{"slowest 1% (2, ≥ 11.00 ms): medians 10.00 ms to the claim, 1.00 ms to the ack", "claimed→ack p50 1.00 p99 1.00 ms", "producer commit p99 1.00 ms"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("split %q lacks %q", got, want)
+		}
+	}
+	before := &metrics.Float64Histogram{Counts: []uint64{5, 0, 0}, Buckets: []float64{0, 0.001, 0.002, 0.004}}
+	after := &metrics.Float64Histogram{Counts: []uint64{5 + 98, 1, 1}, Buckets: before.Buckets}
+	if p := histP99(before, after); p != 2*time.Millisecond {
+		t.Errorf("histP99 = %v, want 2ms (the 99th of 100 new counts is in the second bucket)", p)
+	}
+	if p := histP99(before, &metrics.Float64Histogram{Counts: []uint64{1}}); p != 0 {
+		t.Errorf("histP99 of mismatched histograms = %v, want 0", p)
 	}
 }
