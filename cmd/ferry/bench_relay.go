@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -258,7 +259,11 @@ func histP99(before, after *metrics.Float64Histogram) time.Duration {
 	for i := range after.Counts {
 		acc += after.Counts[i] - before.Counts[i]
 		if n > 0 && acc*100 >= n*99 {
-			return time.Duration(after.Buckets[i+1] * float64(time.Second))
+			upper := after.Buckets[i+1]
+			if math.IsInf(upper, 1) { // the last bucket has no upper bound
+				upper = after.Buckets[i]
+			}
+			return time.Duration(upper * float64(time.Second))
 		}
 	}
 	return 0

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"path/filepath"
 	"runtime/metrics"
 	"strings"
@@ -174,6 +175,10 @@ func TestLatencySplit(t *testing.T) {
 	after := &metrics.Float64Histogram{Counts: []uint64{5 + 98, 1, 1}, Buckets: before.Buckets}
 	if p := histP99(before, after); p != 2*time.Millisecond {
 		t.Errorf("histP99 = %v, want 2ms (the 99th of 100 new counts is in the second bucket)", p)
+	}
+	open := &metrics.Float64Histogram{Counts: []uint64{0, 1}, Buckets: []float64{0, 0.003, math.Inf(1)}}
+	if p := histP99(&metrics.Float64Histogram{Counts: []uint64{0, 0}, Buckets: open.Buckets}, open); p != 3*time.Millisecond {
+		t.Errorf("histP99 in the unbounded last bucket = %v, want its lower bound 3ms", p)
 	}
 	if p := histP99(before, &metrics.Float64Histogram{Counts: []uint64{1}}); p != 0 {
 		t.Errorf("histP99 of mismatched histograms = %v, want 0", p)
