@@ -329,10 +329,7 @@ VALUES ('live', 't', $1, '\x00', 'order', $2, 1, 'order.created', now()) ON CONF
 	res.VacuumWALBytes = l2 - l1
 	slices.Sort(lat)
 	res.ProducerCommits = len(lat)
-	if n := len(lat); n > 0 {
-		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-		res.ProducerP50ms, res.ProducerP99ms, res.ProducerMaxms = ms(lat[n/2]), ms(lat[n*99/100]), ms(lat[n-1])
-	}
+	res.ProducerP50ms, res.ProducerP99ms, res.ProducerMaxms = ms(quantile(lat, 0.5)), ms(quantile(lat, 0.99)), ms(quantile(lat, 1))
 	res.Load = loadAvg()
 	return res, nil
 }

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"runtime/metrics"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -191,47 +190,49 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // told apart: waiting to be claimed (NOTIFY, wake-up, the claim, a cycle
 // in the way) or publishing (the broker's ack).
 type latencySplit struct {
-	wait, publish []time.Duration // commit→claimed, claimed→ack; in event order
-	total         []time.Duration // commit→ack, same order
-	commits       []time.Duration // the producer's Insert (its commit), sorted
-	schedP99      time.Duration   // the Go scheduler's goroutine latency p99 in the run
+	events   []latencyParts
+	commits  []time.Duration // the producer's Insert (its commit), sorted
+	schedP99 time.Duration   // the Go scheduler's goroutine latency p99 in the run
 }
 
+// latencyParts is one event's commit→ack: wait + publish.
+type latencyParts struct {
+	wait    time.Duration // commit → claimed
+	publish time.Duration // claimed → ack
+}
+
+// quantile is the nearest-rank p-quantile of sorted d (0 when empty): the
+// one definition every bench report uses.
 func quantile(d []time.Duration, p float64) time.Duration {
 	if len(d) == 0 {
 		return 0
 	}
-	return d[int(float64(len(d)-1)*p)]
-}
-
-func sortedCopy(d []time.Duration) []time.Duration {
-	c := slices.Clone(d)
-	slices.Sort(c)
-	return c
+	return d[max(0, int(math.Ceil(p*float64(len(d))))-1)]
 }
 
 // line prints the split: each part's p50/p99, and for the slowest 1 % of
-// events the median of each part.
+// events (at least one), by commit→ack, the median of each part.
 func (s latencySplit) line() string {
-	if len(s.total) == 0 {
+	if len(s.events) == 0 {
 		return ""
 	}
-	w, p := sortedCopy(s.wait), sortedCopy(s.publish)
-	// The slowest 1 % (at least one event), by commit→ack.
-	idx := make([]int, len(s.total))
-	for i := range idx {
-		idx[i] = i
+	ev := slices.Clone(s.events)
+	slices.SortFunc(ev, func(a, b latencyParts) int { return cmp.Compare(b.wait+b.publish, a.wait+a.publish) })
+	parts := func(ev []latencyParts) (wait, publish []time.Duration) {
+		for _, e := range ev {
+			wait, publish = append(wait, e.wait), append(publish, e.publish)
+		}
+		slices.Sort(wait)
+		slices.Sort(publish)
+		return wait, publish
 	}
-	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(s.total[b], s.total[a]) })
-	idx = idx[:max(1, len(idx)/100)]
-	var tw, tp []time.Duration
-	for _, i := range idx {
-		tw, tp = append(tw, s.wait[i]), append(tp, s.publish[i])
-	}
-	tw, tp = sortedCopy(tw), sortedCopy(tp)
+	w, p := parts(ev)
+	tail := ev[:max(1, len(ev)/100)]
+	tw, tp := parts(tail)
+	last := tail[len(tail)-1]
 	return fmt.Sprintf("commit→claimed p50 %.2f p99 %.2f ms; claimed→ack p50 %.2f p99 %.2f ms; slowest 1%% (%d, ≥ %.2f ms): medians %.2f ms to the claim, %.2f ms to the ack; producer commit p99 %.2f ms; Go scheduling latency p99 %.0f µs",
 		ms(quantile(w, 0.5)), ms(quantile(w, 0.99)), ms(quantile(p, 0.5)), ms(quantile(p, 0.99)),
-		len(idx), ms(s.total[idx[len(idx)-1]]), ms(quantile(tw, 0.5)), ms(quantile(tp, 0.5)), ms(quantile(s.commits, 0.99)), float64(s.schedP99)/float64(time.Microsecond))
+		len(tail), ms(last.wait+last.publish), ms(quantile(tw, 0.5)), ms(quantile(tp, 0.5)), ms(quantile(s.commits, 0.99)), float64(s.schedP99)/float64(time.Microsecond))
 }
 
 // schedLatencies reads the Go runtime's histogram of the time goroutines
@@ -391,9 +392,7 @@ func benchRelayMeasure[TTx any](ctx context.Context, f *benchRelayFlags, kind, s
 				if c, ok := committed[id]; ok && res[i].Err == nil {
 					lat = append(lat, now.Sub(c))
 					if cl, ok := claimedAt[id]; ok {
-						split.total = append(split.total, now.Sub(c))
-						split.wait = append(split.wait, cl.Sub(c))
-						split.publish = append(split.publish, now.Sub(cl))
+						split.events = append(split.events, latencyParts{wait: cl.Sub(c), publish: now.Sub(cl)})
 					}
 					delete(committed, id)
 					delete(claimedAt, id)
@@ -479,7 +478,7 @@ func benchRelayMeasure[TTx any](ctx context.Context, f *benchRelayFlags, kind, s
 		res.split.schedP99 = histP99(sched, schedLatencies())
 	}
 	slices.Sort(res.split.commits)
-	sort.Slice(res.lat, func(i, j int) bool { return res.lat[i] < res.lat[j] })
+	slices.Sort(res.lat)
 	return res, nil
 }
 

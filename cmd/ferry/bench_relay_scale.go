@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"sort"
 	"strings"
@@ -196,7 +195,7 @@ func phase(ds []time.Duration) phaseFigures {
 	for _, d := range s {
 		sum += d
 	}
-	return phaseFigures{Count: len(s), MeanMS: ms(sum) / float64(len(s)), P99MS: ms(s[int(math.Ceil(0.99*float64(len(s))))-1])}
+	return phaseFigures{Count: len(s), MeanMS: ms(sum) / float64(len(s)), P99MS: ms(quantile(s, 0.99))}
 }
 
 func loadAvg() string {

@@ -158,18 +158,30 @@ func TestBenchRelaySQLite(t *testing.T) {
 func TestLatencySplit(t *testing.T) {
 	var s latencySplit
 	for i := 1; i <= 200; i++ {
-		w, p := time.Duration(i)*time.Microsecond, time.Millisecond
+		w := time.Duration(i) * time.Microsecond
 		if i > 198 { // the two slowest wait 10 ms for a claim
 			w = 10 * time.Millisecond
 		}
-		s.wait, s.publish, s.total = append(s.wait, w), append(s.publish, p), append(s.total, w+p)
+		s.events = append(s.events, latencyParts{wait: w, publish: time.Millisecond})
 	}
 	s.commits = []time.Duration{time.Millisecond, 3 * time.Millisecond}
 	got := s.line()
-	for _, want := range []string{"slowest 1% (2, ≥ 11.00 ms): medians 10.00 ms to the claim, 1.00 ms to the ack", "claimed→ack p50 1.00 p99 1.00 ms", "producer commit p99 1.00 ms"} {
+	for _, want := range []string{"slowest 1% (2, ≥ 11.00 ms): medians 10.00 ms to the claim, 1.00 ms to the ack", "claimed→ack p50 1.00 p99 1.00 ms", "producer commit p99 3.00 ms"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("split %q lacks %q", got, want)
 		}
+	}
+	var hundred []time.Duration
+	for i := 1; i <= 100; i++ {
+		hundred = append(hundred, time.Duration(i))
+	}
+	for p, want := range map[float64]time.Duration{0.5: 50, 0.99: 99, 1: 100, 0: 1} {
+		if got := quantile(hundred, p); got != want {
+			t.Errorf("quantile(1..100, %v) = %d, want %d (nearest rank)", p, got, want)
+		}
+	}
+	if quantile(nil, 0.99) != 0 {
+		t.Errorf("quantile of nothing is not 0")
 	}
 	before := &metrics.Float64Histogram{Counts: []uint64{5, 0, 0}, Buckets: []float64{0, 0.001, 0.002, 0.004}}
 	after := &metrics.Float64Histogram{Counts: []uint64{5 + 98, 1, 1}, Buckets: before.Buckets}
