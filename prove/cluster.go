@@ -81,6 +81,18 @@ func (nc *natsCluster) heal(node int) {
 	}
 }
 
+// streamLeaders counts the nodes that take themselves for the stream's
+// leader: more than one while a cut-off leader has not stepped down yet.
+func (nc *natsCluster) streamLeaders(stream string) int {
+	n := 0
+	for _, node := range nc.c.Nodes {
+		if node.IsStreamLeader(stream) {
+			n++
+		}
+	}
+	return n
+}
+
 func (nc *natsCluster) closeProxies() { closeProxies(nc.proxies) }
 
 func closeProxies(proxies map[[2]int]*faultproxy.Proxy) {

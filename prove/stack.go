@@ -236,6 +236,12 @@ func (st *stack) newTransport(ctx context.Context, scenario string, cfg *config)
 	if st.cluster != nil {
 		create = s.createReplicated
 	}
+	if st.cluster != nil && st.procs == nil {
+		// The nodes can say who leads only in this process: a stack on
+		// node processes (onProcCluster) keeps st.cluster but not its
+		// streams.
+		s.leaders = st.cluster.streamLeaders
+	}
 	if err := create(ctx); err != nil {
 		return nil, err
 	}

@@ -196,6 +196,21 @@ func (e *Server) Running() bool {
 	return e.srv != nil
 }
 
+// IsStreamLeader reports whether this server takes itself for the leader
+// of stream (global account) right now. In a cluster a leader cut off
+// from the others keeps taking itself for one, and answering reads, until
+// it notices it lost its quorum: a reader that must see the stream's
+// committed state can wait until exactly one node says so. False when the
+// server is stopped or not clustered.
+func (e *Server) IsStreamLeader(stream string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.srv == nil {
+		return false
+	}
+	return e.srv.JetStreamIsStreamLeader(e.srv.GlobalAccount().Name, stream)
+}
+
 // Shutdown stops the server and waits until it has stopped (every server
 // goroutine ended, files closed). The store is kept; Restart resumes from
 // it. Calling Shutdown on a stopped server does nothing.
