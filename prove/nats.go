@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 	"time"
@@ -18,9 +19,10 @@ import (
 )
 
 // startEmbeddedNATS starts broker/natsjs's in-process JetStream server on
-// a random loopback port, so the embedded stack needs nothing installed.
-func startEmbeddedNATS() (*natsembed.Server, error) {
-	e, err := natsembed.Start()
+// a random loopback port, so the embedded stack needs nothing installed;
+// its own warnings and errors go to log.
+func startEmbeddedNATS(log *slog.Logger) (*natsembed.Server, error) {
+	e, err := natsembed.Start(natsembed.WithLogger(log))
 	if err != nil {
 		return nil, fmt.Errorf("prove: embedded nats: %w", err)
 	}

@@ -52,7 +52,7 @@ func openStack(ctx context.Context, cfg *config) (*stack, error) {
 	st.tmp = tmp
 	switch {
 	case cfg.brokerURL == "":
-		e, err := startEmbeddedNATS()
+		e, err := startEmbeddedNATS(cfg.logger)
 		if err != nil {
 			st.close()
 			return nil, err

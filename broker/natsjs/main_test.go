@@ -4,7 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
+	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/ferryhq/ferry/broker/natsjs/natsembed"
 	"github.com/ferryhq/ferry/internal/testenv"
 )
 
@@ -55,9 +57,14 @@ func systemURL(t *testing.T) string {
 	return u
 }
 
+// startEmbedded starts an embedded server whose warnings and errors go to
+// stderr (not t.Log: the server may log after the test ended), so a
+// failure the server explains only in its log — CI's rare "error creating
+// store for stream" — comes with its cause.
 func startEmbedded(t *testing.T, opts ...natsembed.Option) *natsembed.Server {
 	t.Helper()
-	emb, err := natsembed.Start(opts...)
+	warn := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	emb, err := natsembed.Start(append([]natsembed.Option{natsembed.WithLogger(warn)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

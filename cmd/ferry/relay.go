@@ -373,7 +373,7 @@ func openDestination(ctx context.Context, f *relayFlags, log *slog.Logger, rows 
 	case u == "":
 		return nil, nil, errors.New("no broker: set --broker-url or FERRY_BROKER_URL")
 	case u == "embedded":
-		emb, err := natsembed.Start(natsembed.WithStoreDir(f.embeddedDir))
+		emb, err := natsembed.Start(natsembed.WithStoreDir(f.embeddedDir), natsembed.WithLogger(log))
 		if err != nil {
 			return nil, nil, err
 		}

@@ -6,8 +6,10 @@
 package natsembed
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -32,6 +34,7 @@ type Server struct {
 	storeDir string
 	ownsDir  bool
 	closed   bool
+	log      *slog.Logger // nil: the server logs nothing
 }
 
 // Option configures Start.
@@ -44,6 +47,7 @@ type config struct {
 	syncAlways   bool
 	syncInterval time.Duration
 	readyTimeout time.Duration
+	log          *slog.Logger
 }
 
 // WithStoreDir keeps JetStream's files in dir (created if missing) instead
@@ -105,6 +109,22 @@ func WithSyncInterval(d time.Duration) Option {
 	}
 }
 
+// WithLogger sends the server's own log lines to l: its errors (and
+// fatal errors, which do not end the process here) at Error, its warnings
+// at Warn, its notices (a start prints a dozen) at Debug; its debug and
+// trace lines are not produced. Without it the server logs nothing, and a
+// failure it explains only in its log — a stream create answered "error
+// creating store for stream", the cause in a warning beside it — is lost.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return errors.New("natsembed: WithLogger: logger must not be nil")
+		}
+		c.log = l
+		return nil
+	}
+}
+
 // Start starts an in-process NATS server with JetStream (file
 // storage) on 127.0.0.1 and waits until it accepts connections.
 func Start(opts ...Option) (*Server, error) {
@@ -114,7 +134,7 @@ func Start(opts ...Option) (*Server, error) {
 			return nil, err
 		}
 	}
-	e := &Server{storeDir: cfg.storeDir}
+	e := &Server{storeDir: cfg.storeDir, log: cfg.log}
 	if e.storeDir == "" {
 		dir, err := os.MkdirTemp("", "ferry-nats-*")
 		if err != nil {
@@ -169,6 +189,9 @@ func (e *Server) start() error {
 	srv, err := server.NewServer(&opts)
 	if err != nil {
 		return fmt.Errorf("natsembed: embedded server: %w", err)
+	}
+	if e.log != nil {
+		srv.SetLoggerV2(serverLog{e.log}, false, false, false)
 	}
 	srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
@@ -267,3 +290,21 @@ func (e *Server) removeDir() error {
 	}
 	return nil
 }
+
+// serverLog adapts slog to nats-server's Logger. The lines are the
+// server's own (subjects, stream and account names; never message data).
+type serverLog struct{ l *slog.Logger }
+
+func (s serverLog) logf(level slog.Level, format string, v []any) {
+	if !s.l.Enabled(context.Background(), level) {
+		return
+	}
+	s.l.Log(context.Background(), level, fmt.Sprintf(format, v...), "component", "nats-server")
+}
+
+func (s serverLog) Noticef(format string, v ...any) { s.logf(slog.LevelDebug, format, v) }
+func (s serverLog) Warnf(format string, v ...any)   { s.logf(slog.LevelWarn, format, v) }
+func (s serverLog) Fatalf(format string, v ...any)  { s.logf(slog.LevelError, format, v) }
+func (s serverLog) Errorf(format string, v ...any)  { s.logf(slog.LevelError, format, v) }
+func (s serverLog) Debugf(format string, v ...any)  { s.logf(slog.LevelDebug, format, v) }
+func (s serverLog) Tracef(format string, v ...any)  { s.logf(slog.LevelDebug, format, v) }
