@@ -239,12 +239,15 @@ func (kr killRun) run(t *testing.T) {
 			// to start than its life, and a child killed before it streamed
 			// injects no fault (CI once saw all five of the control's
 			// children die idle, so the broken relay never ran).
+			// On a timeout, say what the child and the server were doing
+			// (a full run once timed out here with nothing else to go on).
+			state := func() any { return h.childState(ctx, cmd) }
 			if before == 0 { // the slot's creation sets a position: not yet a confirmation
-				waitFor(t, time.Minute, fmt.Sprintf("relay child %d to create the slot", i),
-					func() bool { before = h.confirmed(ctx); return before != 0 })
+				waitForState(t, time.Minute, fmt.Sprintf("relay child %d to create the slot", i),
+					func() bool { before = h.confirmed(ctx); return before != 0 }, state)
 			}
-			waitFor(t, time.Minute, fmt.Sprintf("relay child %d to confirm a position", i),
-				func() bool { return h.confirmed(ctx) != before })
+			waitForState(t, time.Minute, fmt.Sprintf("relay child %d to confirm a position", i),
+				func() bool { return h.confirmed(ctx) != before }, state)
 		}
 		time.Sleep(d)
 		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {

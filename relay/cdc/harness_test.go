@@ -1,6 +1,7 @@
 package cdc_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,7 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -201,6 +204,56 @@ func (h *harness) confirmed(ctx context.Context) pglogrepl.LSN {
 		h.t.Fatal(err)
 	}
 	return lsn
+}
+
+// childState describes a relay child that does not get on: whether its
+// process still runs, the slot's row, and what the database's other
+// sessions are doing or waiting for (statements, never row data: the
+// producers' values are parameters).
+func (h *harness) childState(ctx context.Context, cmd *exec.Cmd) string {
+	var b strings.Builder
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+	switch {
+	case err != nil:
+		fmt.Fprintf(&b, "child pid %d: %v", cmd.Process.Pid, err)
+	default: // "pid (comm) S ...": Z once it exited and waits to be reaped
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		fmt.Fprintf(&b, "child pid %d state %s", cmd.Process.Pid, f[0])
+	}
+	var active bool
+	var pid *int32
+	var confirmed, restart *string
+	if err := h.s.Pool.QueryRow(ctx, `SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text
+		FROM pg_replication_slots WHERE slot_name = $1`, h.slot).Scan(&active, &pid, &confirmed, &restart); err != nil {
+		fmt.Fprintf(&b, "; slot: %v", err)
+	} else {
+		fmt.Fprintf(&b, "; slot active=%v pid=%v confirmed=%v restart=%v", active, deref(pid), deref(confirmed), deref(restart))
+	}
+	rows, err := h.s.Pool.Query(ctx, `SELECT pid, backend_type, COALESCE(state, ''), COALESCE(wait_event_type || ':' || wait_event, ''),
+		COALESCE(pg_blocking_pids(pid)::text, ''), EXTRACT(EPOCH FROM now() - COALESCE(xact_start, backend_start))::int, left(query, 120)
+		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND COALESCE(state, '') <> 'idle'`)
+	if err != nil {
+		fmt.Fprintf(&b, "; activity: %v", err)
+		return b.String()
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var apid, secs int32
+		var typ, st, wait, blockers, query string
+		if err := rows.Scan(&apid, &typ, &st, &wait, &blockers, &secs, &query); err != nil {
+			fmt.Fprintf(&b, "; activity: %v", err)
+			break
+		}
+		fmt.Fprintf(&b, "\n  pid %d %s %s wait=%s blocked_by=%s for %ds: %s", apid, typ, st, wait, blockers, secs, query)
+	}
+	return b.String()
+}
+
+func deref[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
 }
 
 func (h *harness) currentWAL(ctx context.Context) pglogrepl.LSN {
