@@ -4,14 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/ferryhq/ferry/console"
+	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/opsauth"
 )
 
@@ -263,8 +262,8 @@ func TestLocalModeHostCheck(t *testing.T) {
 
 // Request logs name the identity, never the token, and never a payload.
 func TestNoTokenOrPayloadInLogs(t *testing.T) {
-	var buf strings.Builder
-	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var buf testenv.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e := newEnv(t, "sqlite", console.Config{Logger: logger})
 	ev := event("o-1", "order.created")
 	ev.Payload = []byte(`{"card":"4111-SECRET"}`)
@@ -283,15 +282,4 @@ func TestNoTokenOrPayloadInLogs(t *testing.T) {
 			t.Errorf("logs contain %q:\n%s", secret, logs)
 		}
 	}
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }

@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,27 +31,9 @@ var canaries = []string{canaryEmail, canaryCard, canaryMemo}
 
 var maskPayload = `{"customer":{"email":"` + canaryEmail + `","name":"visible-name"},"card":{"number":"` + canaryCard + `","brand":"visible-brand"},"total":4200}`
 
-// lockedBuffer is a log sink shared by the server's handlers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) Bytes() []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]byte(nil), l.b.Bytes()...)
-}
-
 // newMaskEnv is a SQLite console whose Ops has the field mask yaml (none
 // when empty), logging (ops and console) to log.
-func newMaskEnv(t *testing.T, yaml string, log *lockedBuffer) *env {
+func newMaskEnv(t *testing.T, yaml string, log *testenv.Buffer) *env {
 	t.Helper()
 	ctx := context.Background()
 	db, _ := testenv.NewSQLite(t)
@@ -105,7 +86,7 @@ func TestConsoleMask(t *testing.T) {
 `
 	for _, masked := range []bool{true, false} {
 		t.Run(fmt.Sprintf("masked=%v", masked), func(t *testing.T) {
-			var log lockedBuffer
+			var log testenv.Buffer
 			policy := ""
 			if masked {
 				policy = yaml

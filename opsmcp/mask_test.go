@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,24 +20,6 @@ import (
 	"github.com/ferryhq/ferry/opsmcp"
 	"github.com/ferryhq/ferry/outbox"
 )
-
-// canaryLog is a log sink the server's handlers share.
-type canaryLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *canaryLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *canaryLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestMCPToolsNeverShowPayloads: the MCP tools carry payload sizes, never
 // payloads. Every tool an agent can call in a session (status, evidence,
@@ -96,7 +77,7 @@ VALUES ('mask-key-1', 'billing', $1, 'charge', 'shop', 'psp', 'charge', $2, $3, 
 		t.Fatalf("control reveal: %s %v", r.Payload, err)
 	}
 
-	var log canaryLog
+	var log testenv.Buffer
 	logger := slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	o, err := ops.New(drv, ops.WithLogger(logger))
 	if err != nil {

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/internal/testenv"
 )
 
 // buildFerry compiles ./cmd/ferry into a temp dir.
@@ -37,31 +36,14 @@ func buildFerry(t *testing.T) string {
 type relayProc struct {
 	id     string
 	cmd    *exec.Cmd
-	stderr *lockedBuffer
+	stderr *testenv.Buffer
 	done   chan struct{} // closed when the process has exited
 	err    error         // Wait's result, valid after done
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func startRelayProc(t *testing.T, bin, id string, args ...string) *relayProc {
 	t.Helper()
-	p := &relayProc{id: id, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	p := &relayProc{id: id, stderr: &testenv.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, append([]string{"relay", "--instance-id", id}, args...)...)
 	p.cmd.Stderr = p.stderr
 	p.cmd.Env = os.Environ()

@@ -1,11 +1,9 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,23 +11,6 @@ import (
 	"github.com/ferryhq/ferry/driver/pgxv5"
 	"github.com/ferryhq/ferry/internal/testenv"
 )
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestPoolSizingWarning: New warns when the pool cannot serve the relay's
 // workers, its lease loop and a LISTEN connection taken from the same pool
@@ -53,7 +34,7 @@ func TestPoolSizingWarning(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var buf syncBuf
+		var buf testenv.Buffer
 		log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
 		opts := []Option{WithWorkers(c.workers), WithLogger(log)}
 		if c.listen {

@@ -1,33 +1,14 @@
 package natsembed
 
 import (
-	"bytes"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/ferryhq/ferry/internal/testenv"
 )
-
-// syncBuffer is a bytes.Buffer the server's goroutines can write to while
-// the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestWithLogger: the server's notices arrive at Debug and its errors at
 // Error, tagged as the server's; a logger at Warn sees no notice. Without
@@ -36,9 +17,9 @@ func TestWithLogger(t *testing.T) {
 	if _, err := Start(WithLogger(nil)); err == nil || !strings.Contains(err.Error(), "WithLogger: logger must not be nil") {
 		t.Fatalf("WithLogger(nil): %v", err)
 	}
-	var debug, warn syncBuffer
+	var debug, warn testenv.Buffer
 	for _, tc := range []struct {
-		buf   *syncBuffer
+		buf   *testenv.Buffer
 		level slog.Level
 	}{{&debug, slog.LevelDebug}, {&warn, slog.LevelWarn}} {
 		s, err := Start(WithLogger(slog.New(slog.NewTextHandler(tc.buf, &slog.HandlerOptions{Level: tc.level}))))
