@@ -340,6 +340,14 @@ func endToEnd[TTx any](t *testing.T, s *stack[TTx]) {
 	if got, err := opener.Open(ctx, copyBefore); err != nil || !bytes.Contains(got.Payload, []byte(canary)) {
 		t.Fatalf("stream copy before erasure: %v", err)
 	}
+	// The relay marks the row after the broker's ack, so a consumer can
+	// apply the event (and the stream hold it) before the row says sent
+	// (a CI run reached the check after erasure with the row pending):
+	// wait for the mark, so that check looks at a sent row.
+	waitUntil(t, "the relay to mark the customer event sent", func() bool {
+		m, err := s.ops.Message(ctx, cust.ID.String())
+		return err == nil && m.Status == "sent"
+	})
 	// The subject's wrapped key, to look for it after erasure.
 	var wrapped []byte
 	if _, err := driver.QueryRow(ctx, s.drv.Executor(), `SELECT wrapped_key FROM ferry_subject_keys WHERE subject = $1`, []any{subject42}, &wrapped); err != nil || len(wrapped) == 0 {
