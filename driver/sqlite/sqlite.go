@@ -24,7 +24,12 @@ import (
 // BusyTimeout is how long a SQLite connection opened by [Open]
 // waits for a lock held by another connection or process before it fails
 // with SQLITE_BUSY: SQLite's busy timeout, and the bound on retrying a
-// connection's opening.
+// connection's opening. SQLite's busy handler polls and is not fair: with
+// many concurrent writers on a slow machine one of them can lose every
+// retry for the whole timeout (seen once in CI: 16 goroutines writing
+// transactions of 20-40 ms each under the race detector). Keep SQLite's
+// writers few (or the pool small: db.SetMaxOpenConns); a deployment with
+// many concurrent writers belongs on Postgres or MySQL.
 const BusyTimeout = 60 * time.Second
 
 // Open opens (creating if needed) the SQLite file at path with the
