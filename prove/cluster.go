@@ -81,12 +81,13 @@ func (nc *natsCluster) heal(node int) {
 	}
 }
 
-// streamLeaders counts the nodes that take themselves for the stream's
-// leader: more than one while a cut-off leader has not stepped down yet.
-func (nc *natsCluster) streamLeaders(stream string) int {
+// leaders counts the nodes that take themselves for the leader of stream
+// (consumer "") or of one of its consumers: more than one while a cut-off
+// leader has not stepped down yet, none during an election.
+func (nc *natsCluster) leaders(stream, consumer string) int {
 	n := 0
 	for _, node := range nc.c.Nodes {
-		if node.IsStreamLeader(stream) {
+		if consumer == "" && node.IsStreamLeader(stream) || consumer != "" && node.IsConsumerLeader(stream, consumer) {
 			n++
 		}
 	}

@@ -36,10 +36,11 @@ type natsStream struct {
 	url     string
 	name    string
 	ackWait time.Duration
-	// leaders counts the nodes that take themselves for a stream's leader
-	// (prove's in-process cluster; nil elsewhere): the checker reads only
-	// while there is exactly one.
-	leaders func(stream string) int
+	// leaders counts the nodes that take themselves for the leader of a
+	// stream (consumer "") or of one of its consumers (prove's in-process
+	// cluster; nil elsewhere): the checker reads only while there is
+	// exactly one.
+	leaders func(stream, consumer string) int
 }
 
 var _ transport = (*natsStream)(nil)
@@ -166,7 +167,7 @@ func (s *natsStream) readAll(ctx context.Context) ([]streamMsg, error) {
 }
 
 func (s *natsStream) readAllOnce(ctx context.Context) ([]streamMsg, error) {
-	if err := s.oneLeader(); err != nil {
+	if err := s.oneLeader(""); err != nil {
 		return nil, err
 	}
 	bound, err := committedBound(ctx, s.url, s.name)
@@ -177,7 +178,7 @@ func (s *natsStream) readAllOnce(ctx context.Context) ([]streamMsg, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.oneLeader(); err != nil {
+	if err := s.oneLeader(""); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -190,12 +191,20 @@ func (s *natsStream) readAllOnce(ctx context.Context) ([]streamMsg, error) {
 // so no bound asked of the servers is safe from it (CI: a read after the
 // heal returned the 41 messages the old leader held, of 100); only the
 // nodes themselves can say it.
-func (s *natsStream) oneLeader() error {
+//
+// The same holds for a consumer's info (consumer non-empty): a cut-off
+// consumer leader answers with its ack floor and pending counts as they
+// were, which can make owed or drained wrong.
+func (s *natsStream) oneLeader(consumer string) error {
 	if s.leaders == nil {
 		return nil
 	}
-	if n := s.leaders(s.name); n != 1 {
-		return fmt.Errorf("prove: stream %s: %d nodes take themselves for its leader: %w", s.name, n, errNotFromLeader)
+	if n := s.leaders(s.name, consumer); n != 1 {
+		what := "stream " + s.name
+		if consumer != "" {
+			what = "consumer " + s.name + "/" + consumer
+		}
+		return fmt.Errorf("prove: %s: %d nodes take themselves for its leader: %w", what, n, errNotFromLeader)
 	}
 	return nil
 }
@@ -347,18 +356,9 @@ func (s *natsStream) owed(ctx context.Context, durable string, msgs []streamMsg)
 }
 
 func (s *natsStream) owedOnce(ctx context.Context, durable string, msgs []streamMsg) (owedSet, error) {
-	nc, js, err := natsConnect(s.url, "ferry-prove-checker")
+	info, err := s.consumerInfo(ctx, durable)
 	if err != nil {
 		return owedSet{}, err
-	}
-	defer nc.Close()
-	c, err := js.Consumer(ctx, s.name, durable)
-	if err != nil {
-		return owedSet{}, fmt.Errorf("prove: consumer %s: %w", durable, err)
-	}
-	info, err := c.Info(ctx)
-	if err != nil {
-		return owedSet{}, fmt.Errorf("prove: consumer info: %w", err)
 	}
 	ids := map[string]bool{}
 	for _, m := range msgs {
@@ -380,20 +380,37 @@ func (s *natsStream) drained(ctx context.Context, durable string) (bool, error) 
 }
 
 func (s *natsStream) drainedOnce(ctx context.Context, durable string) (bool, error) {
-	nc, js, err := natsConnect(s.url, "ferry-prove-checker")
+	info, err := s.consumerInfo(ctx, durable)
 	if err != nil {
 		return false, err
+	}
+	return info.NumPending == 0 && info.NumAckPending == 0, nil
+}
+
+// consumerInfo is durable's info, taken while exactly one node takes
+// itself for the consumer's leader (checked before and after; on prove's
+// in-process cluster) — transient otherwise, like the stream's read.
+func (s *natsStream) consumerInfo(ctx context.Context, durable string) (*jetstream.ConsumerInfo, error) {
+	if err := s.oneLeader(durable); err != nil {
+		return nil, err
+	}
+	nc, js, err := natsConnect(s.url, "ferry-prove-checker")
+	if err != nil {
+		return nil, err
 	}
 	defer nc.Close()
 	c, err := js.Consumer(ctx, s.name, durable)
 	if err != nil {
-		return false, fmt.Errorf("prove: consumer %s: %w", durable, err)
+		return nil, fmt.Errorf("prove: consumer %s: %w", durable, err)
 	}
 	info, err := c.Info(ctx)
 	if err != nil {
-		return false, fmt.Errorf("prove: consumer info: %w", err)
+		return nil, fmt.Errorf("prove: consumer info: %w", err)
 	}
-	return info.NumPending == 0 && info.NumAckPending == 0, nil
+	if err := s.oneLeader(durable); err != nil {
+		return nil, err
+	}
+	return info, nil
 }
 
 // unavailableRetry bounds how long the checker's broker reads retry a

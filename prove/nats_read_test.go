@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestReadAllThroughTheLeader: the checker's read of a replicated stream
@@ -59,7 +61,7 @@ func TestReadAllThroughTheLeader(t *testing.T) {
 	// The read goes through the cut-off node alone: only the nodes' own
 	// word on who leads (leaders, as the cluster stack sets it) can tell
 	// its answers are stale.
-	viaCut := &natsStream{url: nc.c.Nodes[node].ClientURL(), name: s.name, leaders: nc.streamLeaders}
+	viaCut := &natsStream{url: nc.c.Nodes[node].ClientURL(), name: s.name, leaders: nc.leaders}
 	read := func() ([]streamMsg, error) { return viaCut.readAllOnce(ctx) }
 
 	nc.isolate(node)
@@ -131,4 +133,144 @@ func TestReadAllThroughTheLeader(t *testing.T) {
 		t.Fatalf("no read succeeded within 60 s of the heal (%d transient failures)", fails)
 	}
 	t.Logf("%d full reads after the heal, the first after %v and %d transient failures", reads, first.Round(time.Millisecond), fails)
+}
+
+// TestConsumerInfoThroughTheLeader: owed and drained read a consumer's
+// info only while exactly one node takes itself for the consumer's
+// leader. The consumer's leader is cut off while the majority stores and
+// acknowledges more messages; through that node the info is a transient
+// error during the cut and the majority's after the heal. The control:
+// the same info without the nodes' word answers with the cut-off node's
+// ack floor, short of what the majority acknowledged, and no error.
+func TestConsumerInfoThroughTheLeader(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node JetStream cluster")
+	}
+	nc, err := startNATSCluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	s := &natsStream{url: nc.c.ClientURL(), name: "PROVE_CINFO", ackWait: 5 * time.Second}
+	if err := s.createReplicated(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const durable = "checked"
+	if err := s.createReplayConsumer(ctx, durable); err != nil {
+		t.Fatal(err)
+	}
+	// publishAndAck publishes n messages through url and acknowledges
+	// them all through durable.
+	publishAndAck := func(url string, from, n int) {
+		t.Helper()
+		for i := from; i < from+n; i++ {
+			id := fmt.Sprintf("ev-%03d", i)
+			if err := retryUnavailable(ctx, func() error {
+				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				defer cancel()
+				return rawPublish(pctx, url, s.name+".order", map[string]string{"ce-id": id}, []byte(id), id)
+			}); err != nil {
+				t.Fatalf("publish %s: %v", id, err)
+			}
+		}
+		conn, js, err := natsConnect(url, "test-acker")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		for acked := 0; acked < n; {
+			if ctx.Err() != nil {
+				t.Fatalf("acknowledged %d of %d", acked, n)
+			}
+			c, err := js.Consumer(ctx, s.name, durable)
+			if err != nil {
+				sleepCtx(ctx, 100*time.Millisecond)
+				continue
+			}
+			b, err := c.Fetch(n-acked, jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				continue
+			}
+			for m := range b.Messages() {
+				if m.DoubleAck(ctx) == nil {
+					acked++
+				}
+			}
+		}
+	}
+	const before, during = 40, 60
+	publishAndAck(s.url, 0, before)
+	node := -1
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(30 * time.Second); !cond(); sleepCtx(ctx, 50*time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("no %s within 30 s", what)
+			}
+		}
+	}
+	waitFor("consumer leader", func() bool {
+		for i, n := range nc.c.Nodes {
+			if n.IsConsumerLeader(s.name, durable) {
+				node = i
+			}
+		}
+		return node >= 0
+	})
+	viaCut := &natsStream{url: nc.c.Nodes[node].ClientURL(), name: s.name, leaders: nc.leaders}
+	blind := &natsStream{url: viaCut.url, name: s.name}
+
+	nc.isolate(node)
+	majority := nc.c.Nodes[(node+1)%clusterNodes].ClientURL()
+	waitFor("consumer leader in the majority", func() bool {
+		return nc.c.Nodes[(node+1)%clusterNodes].IsConsumerLeader(s.name, durable) ||
+			nc.c.Nodes[(node+2)%clusterNodes].IsConsumerLeader(s.name, durable)
+	})
+	publishAndAck(majority, before, during)
+	want := uint64(before + during)
+	if nc.c.Nodes[node].IsConsumerLeader(s.name, durable) {
+		info, err := blind.consumerInfo(ctx, durable)
+		switch {
+		case !nc.c.Nodes[node].IsConsumerLeader(s.name, durable):
+			t.Log("control: the cut-off node stepped down during the read")
+		case err != nil:
+			t.Errorf("control: consumer info without the leader check failed (%v), want the cut-off node's stale state", err)
+		case info.AckFloor.Stream >= want:
+			t.Errorf("control: consumer info without the leader check says ack floor %d, want short of %d", info.AckFloor.Stream, want)
+		default:
+			t.Logf("control: without the leader check the cut-off node said ack floor %d of %d, and no error", info.AckFloor.Stream, want)
+		}
+	} else {
+		t.Log("control: the cut-off node had stepped down before it could be asked")
+	}
+	if info, err := viaCut.consumerInfo(ctx, durable); err == nil {
+		t.Errorf("consumer info through the cut-off node: ack floor %d and no error, want a transient error", info.AckFloor.Stream)
+	} else if !brokerUnavailable(err) {
+		t.Errorf("consumer info through the cut-off node: %v, want a transient error", err)
+	}
+
+	nc.heal(node)
+	healed := time.Now()
+	for {
+		info, err := viaCut.consumerInfo(ctx, durable)
+		if err == nil {
+			if info.AckFloor.Stream != want {
+				t.Fatalf("consumer info after the heal: ack floor %d, want %d", info.AckFloor.Stream, want)
+			}
+			t.Logf("the majority's consumer state %v after the heal", time.Since(healed).Round(time.Millisecond))
+			break
+		}
+		if !brokerUnavailable(err) {
+			t.Fatalf("consumer info after the heal: %v", err)
+		}
+		if time.Since(healed) > 60*time.Second {
+			t.Fatalf("no consumer info within 60 s of the heal: %v", err)
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+	if done, err := viaCut.drained(ctx, durable); err != nil || !done {
+		t.Errorf("drained after the heal: %v %v, want true", done, err)
+	}
 }

@@ -240,7 +240,7 @@ func (st *stack) newTransport(ctx context.Context, scenario string, cfg *config)
 		// The nodes can say who leads only in this process: a stack on
 		// node processes (onProcCluster) keeps st.cluster but not its
 		// streams.
-		s.leaders = st.cluster.streamLeaders
+		s.leaders = st.cluster.leaders
 	}
 	if err := create(ctx); err != nil {
 		return nil, err

@@ -234,6 +234,18 @@ func (e *Server) IsStreamLeader(stream string) bool {
 	return e.srv.JetStreamIsStreamLeader(e.srv.GlobalAccount().Name, stream)
 }
 
+// IsConsumerLeader is IsStreamLeader for a consumer of stream (global
+// account): a cut-off consumer leader keeps answering consumer info with
+// its own ack floor and pending counts until it steps down.
+func (e *Server) IsConsumerLeader(stream, consumer string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.srv == nil {
+		return false
+	}
+	return e.srv.JetStreamIsConsumerLeader(e.srv.GlobalAccount().Name, stream, consumer)
+}
+
 // Shutdown stops the server and waits until it has stopped (every server
 // goroutine ended, files closed). The store is kept; Restart resumes from
 // it. Calling Shutdown on a stopped server does nothing.
