@@ -81,10 +81,10 @@ func readNATS(ctx context.Context, js jetstream.JetStream, stream, subject strin
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
 			return nil, fmt.Errorf("shadow: stream %s: fetch: %w", stream, err)
 		}
-		if done || got > 0 {
-			if done {
-				return out, nil
-			}
+		if done {
+			return out, nil
+		}
+		if got > 0 {
 			continue
 		}
 		// An empty fetch says only that nothing arrived within the wait
