@@ -84,6 +84,11 @@ func TestReadAllThroughTheLeader(t *testing.T) {
 		switch {
 		case !claims():
 			t.Log("control: the cut-off node stepped down during the read")
+		case brokerUnavailable(err):
+			// The cut-off node noticed mid-walk (CI 16: 503 at sequence
+			// 32 while it still took itself for the leader): no stale
+			// answer to show this time.
+			t.Logf("control: the cut-off node answered the read without the leader check with a transient error (%v)", err)
 		case err != nil:
 			t.Errorf("control: the read without the leader check failed (%v), want the cut-off node's stale messages", err)
 		case len(got) >= want:
@@ -235,6 +240,8 @@ func TestConsumerInfoThroughTheLeader(t *testing.T) {
 		switch {
 		case !nc.c.Nodes[node].IsConsumerLeader(s.name, durable):
 			t.Log("control: the cut-off node stepped down during the read")
+		case brokerUnavailable(err):
+			t.Logf("control: the cut-off node answered with a transient error (%v)", err)
 		case err != nil:
 			t.Errorf("control: consumer info without the leader check failed (%v), want the cut-off node's stale state", err)
 		case info.AckFloor.Stream >= want:
