@@ -1,13 +1,11 @@
 package inbox
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -24,26 +22,9 @@ import (
 	"github.com/ferryhq/ferry/internal/testenv"
 )
 
-// logBuf is a concurrency-safe slog sink at Warn level.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuf) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelWarn}))
+// warnLogger logs at Warn and above into lb.
+func warnLogger(lb *testenv.Buffer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 func wantLog(t *testing.T, got string, parts ...string) {
@@ -71,15 +52,15 @@ func pgxPool(t *testing.T, maxConns string) *pgxpool.Pool {
 func TestPoolSizingWarning(t *testing.T) {
 	noop := func(context.Context, pgx.Tx, ferry.Event) error { return nil }
 	t.Run("pgxpool-4-workers-8", func(t *testing.T) {
-		var lb logBuf
-		if _, err := New[pgx.Tx](pgxv5.New(pgxPool(t, "4")), "sizing", noop, WithLogger(lb.logger())); err != nil {
+		var lb testenv.Buffer
+		if _, err := New[pgx.Tx](pgxv5.New(pgxPool(t, "4")), "sizing", noop, WithLogger(warnLogger(&lb))); err != nil {
 			t.Fatal(err)
 		}
 		wantLog(t, lb.String(), "max conns 4 < inbox workers 8", "pool_max_conns>=9", "WithWorkers(3)")
 	})
 	t.Run("pgxpool-9-workers-8", func(t *testing.T) {
-		var lb logBuf
-		if _, err := New[pgx.Tx](pgxv5.New(pgxPool(t, "9")), "sizing", noop, WithLogger(lb.logger())); err != nil {
+		var lb testenv.Buffer
+		if _, err := New[pgx.Tx](pgxv5.New(pgxPool(t, "9")), "sizing", noop, WithLogger(warnLogger(&lb))); err != nil {
 			t.Fatal(err)
 		}
 		if s := lb.String(); s != "" {
@@ -91,14 +72,14 @@ func TestPoolSizingWarning(t *testing.T) {
 		maxOpen, workers int
 		warn             bool
 	}{{2, 4, true}, {5, 4, false}, {0, 4, false}} {
-		var lb logBuf
+		var lb testenv.Buffer
 		db, err := sql.Open("pgx", testenv.PostgresURL(t))
 		if err != nil {
 			t.Fatal(err)
 		}
 		db.SetMaxOpenConns(c.maxOpen)
 		if _, err := New[*sql.Tx](databasesql.New(db, driver.Postgres), "sizing", sqlNoop,
-			WithWorkers(c.workers), WithLogger(lb.logger())); err != nil {
+			WithWorkers(c.workers), WithLogger(warnLogger(&lb))); err != nil {
 			t.Fatal(err)
 		}
 		_ = db.Close()
@@ -111,8 +92,8 @@ func TestPoolSizingWarning(t *testing.T) {
 	// SQLite has one writer whatever the pool: no warning.
 	db, _ := testenv.NewSQLite(t)
 	db.SetMaxOpenConns(1)
-	var lb logBuf
-	if _, err := New[*sql.Tx](sqlite.New(db), "sizing", sqlNoop, WithLogger(lb.logger())); err != nil {
+	var lb testenv.Buffer
+	if _, err := New[*sql.Tx](sqlite.New(db), "sizing", sqlNoop, WithLogger(warnLogger(&lb))); err != nil {
 		t.Fatal(err)
 	}
 	if s := lb.String(); s != "" {
@@ -163,8 +144,8 @@ func TestConsumerSizingWarning(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cons.Close()
-			var lb logBuf
-			ib, err := New[*sql.Tx](drv, "sizing", sqlNoop, WithLogger(lb.logger()))
+			var lb testenv.Buffer
+			ib, err := New[*sql.Tx](drv, "sizing", sqlNoop, WithLogger(warnLogger(&lb)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -194,8 +175,8 @@ func TestConsumerSizingWarning(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cons.Close()
-			var lb logBuf
-			ib, err := New[*sql.Tx](drv, "sizing", sqlNoop, WithLogger(lb.logger()))
+			var lb testenv.Buffer
+			ib, err := New[*sql.Tx](drv, "sizing", sqlNoop, WithLogger(warnLogger(&lb)))
 			if err != nil {
 				t.Fatal(err)
 			}

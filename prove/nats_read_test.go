@@ -9,6 +9,27 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// readTestCluster starts prove's 3-node cluster with one R3 stream for the
+// read tests, both closed at the test's end (4 minutes at most).
+func readTestCluster(t *testing.T, stream string) (*natsCluster, *natsStream, context.Context) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a 3-node JetStream cluster")
+	}
+	nc, err := startNATSCluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.close)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	s := &natsStream{url: nc.c.ClientURL(), name: stream, ackWait: 5 * time.Second}
+	if err := s.createReplicated(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return nc, s, ctx
+}
+
 // TestReadAllThroughTheLeader: the checker's read of a replicated stream
 // is the leader's stream or an error, never a stale view. The stream
 // leader is cut off while the majority stores more messages, then healed,
@@ -20,20 +41,7 @@ import (
 // nats-partition "held by no copy"; a read after the heal bounded only by
 // what the servers answered returned 41 of 100 in another CI run.)
 func TestReadAllThroughTheLeader(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node JetStream cluster")
-	}
-	nc, err := startNATSCluster()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.close()
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	s := &natsStream{url: nc.c.ClientURL(), name: "PROVE_READ", ackWait: 5 * time.Second}
-	if err := s.createReplicated(ctx); err != nil {
-		t.Fatal(err)
-	}
+	nc, s, ctx := readTestCluster(t, "PROVE_READ")
 	publish := func(from, to int) {
 		t.Helper()
 		for i := from; i < to; i++ {
@@ -148,20 +156,7 @@ func TestReadAllThroughTheLeader(t *testing.T) {
 // the same info without the nodes' word answers with the cut-off node's
 // ack floor, short of what the majority acknowledged, and no error.
 func TestConsumerInfoThroughTheLeader(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node JetStream cluster")
-	}
-	nc, err := startNATSCluster()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.close()
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	s := &natsStream{url: nc.c.ClientURL(), name: "PROVE_CINFO", ackWait: 5 * time.Second}
-	if err := s.createReplicated(ctx); err != nil {
-		t.Fatal(err)
-	}
+	nc, s, ctx := readTestCluster(t, "PROVE_CINFO")
 	const durable = "checked"
 	if err := s.createReplayConsumer(ctx, durable); err != nil {
 		t.Fatal(err)
