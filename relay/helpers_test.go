@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -452,8 +453,9 @@ func (n *natsEnv) read(t testing.TB) []streamMsg {
 
 // checkBroker asserts that the stream holds every event of want exactly
 // once (no loss, no duplicate stored), no event not in want (no phantom),
-// and per aggregate in sequence order.
-func checkBroker(t testing.TB, msgs []streamMsg, want []ferry.Event) {
+// and per aggregate in sequence order. It returns the ids of the events
+// of want the broker does not hold, for a caller to explain.
+func checkBroker(t testing.TB, msgs []streamMsg, want []ferry.Event) (lostIDs []string) {
 	t.Helper()
 	wantIDs := map[string]bool{}
 	for _, e := range want {
@@ -478,6 +480,7 @@ func checkBroker(t testing.TB, msgs []streamMsg, want []ferry.Event) {
 		switch seen[id] {
 		case 0:
 			lost++
+			lostIDs = append(lostIDs, id)
 		case 1:
 		default:
 			dup++
@@ -486,6 +489,8 @@ func checkBroker(t testing.TB, msgs []streamMsg, want []ferry.Event) {
 	if lost > 0 || dup > 0 {
 		t.Errorf("broker holds %d messages for %d events: %d lost, %d stored twice", len(msgs), len(want), lost, dup)
 	}
+	slices.Sort(lostIDs)
+	return lostIDs
 }
 
 // runRelay starts r.Run in a goroutine; the returned stop cancels it and

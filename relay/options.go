@@ -114,6 +114,7 @@ type config struct {
 	noAggregateStop bool         // negative control: mark later rows of a failed aggregate anyway
 	noBreaker       bool         // negative control: charge attempts even when the broker is down
 	noSnapshotWait  bool         // negative control: the watermark passes rows without waiting for open transactions
+	xipOnlyWait     bool         // negative control: wait only for the claim snapshot's xip (misses transactions at or above its xmax)
 	noRetryWait     bool         // negative control: a retry row above the watermark is marked sent on its ack
 	advanceFirst    bool         // negative control: the watermark passes a batch before it is published
 }

@@ -73,7 +73,9 @@ func testPartitionBoundary(t *testing.T, watermark bool) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	checkBroker(t, n.read(t), produced)
+	if lost := checkBroker(t, n.read(t), produced); len(lost) > 0 {
+		explainLost(t, s, lost)
+	}
 
 	var used int
 	if err := s.pool.QueryRow(ctx, `SELECT count(DISTINCT tableoid) FROM ferry_outbox`).Scan(&used); err != nil {
@@ -270,5 +272,41 @@ func checkWatermarkPartitionDrop(t *testing.T, s *store, used int) {
 	}
 	if got := s.rows(t); len(got) == 0 || got[unsent.ID.String()].status != "pending" {
 		t.Fatalf("the unsent row is gone or not pending after cleanup: %+v", got[unsent.ID.String()])
+	}
+}
+
+// explainLost logs what the tables say about events the broker does not
+// hold: each row's partition, shard, state and the shard's lease row, so a
+// loss (which CI saw once in the watermark design: 1 of 5,392) says
+// whether the row was passed by a watermark or marked sent.
+func explainLost(t *testing.T, s *store, ids []string) {
+	t.Helper()
+	ctx := context.Background()
+	if len(ids) > 5 {
+		ids = ids[:5]
+	}
+	for _, id := range ids {
+		var part, status, state string
+		var rowID, shard int64
+		var created time.Time
+		err := s.pool.QueryRow(ctx, `SELECT tableoid::regclass::text, id, shard, status, `+s.statusOf("o")+`, created_at FROM ferry_outbox o WHERE event_id = $1`, id).
+			Scan(&part, &rowID, &shard, &status, &state, &created)
+		if err != nil {
+			t.Logf("lost %s: row: %v", id, err)
+			continue
+		}
+		t.Logf("lost %s: row id %d in %s, shard %d, status %q, state %q, created %s", id, rowID, part, shard, status, state, created.Format(time.RFC3339Nano))
+		rows, err := s.pool.Query(ctx, `SELECT to_jsonb(l) FROM ferry_relay_leases l WHERE shard = $1`, shard)
+		if err != nil {
+			t.Logf("lost %s: lease: %v", id, err)
+			continue
+		}
+		for rows.Next() {
+			var j []byte
+			if rows.Scan(&j) == nil {
+				t.Logf("lost %s: lease row %s", id, j)
+			}
+		}
+		rows.Close()
 	}
 }

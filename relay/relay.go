@@ -202,7 +202,7 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 		return nil, &ferry.ConfigError{Field: "sent_watermark", Reason: fmt.Sprintf("needs Postgres (got %s)", db.Dialect())}
 	}
 	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, queryOpts{noFence: cfg.noFence, syncMarks: cfg.syncMarks, tenantShare: cfg.tenantShare,
-		watermark: cfg.sentWatermark, noSnapshotWait: cfg.noSnapshotWait})
+		watermark: cfg.sentWatermark, noSnapshotWait: cfg.noSnapshotWait, xipOnlyWait: cfg.xipOnlyWait})
 	if err != nil {
 		return nil, err
 	}
@@ -374,7 +374,7 @@ func (r *Relay) start(ctx context.Context) error {
 	}
 	if q, err := newQueries(r.db.Dialect(), r.cfg.tables, r.cfg.deadPolicy,
 		queryOpts{noFence: r.cfg.noFence, syncMarks: r.cfg.syncMarks, discarded: cols > 0, tenantShare: r.cfg.tenantShare,
-			partitioned: parted, watermark: r.cfg.sentWatermark, noSnapshotWait: r.cfg.noSnapshotWait}); err == nil {
+			partitioned: parted, watermark: r.cfg.sentWatermark, noSnapshotWait: r.cfg.noSnapshotWait, xipOnlyWait: r.cfg.xipOnlyWait}); err == nil {
 		r.q = q
 	}
 	if err := r.checkStateDesign(ctx); err != nil {

@@ -75,6 +75,9 @@ type queryOpts struct {
 	watermark bool
 	// noSnapshotWait: test hook, the late-commit negative control.
 	noSnapshotWait bool
+	// xipOnlyWait: test hook, the control of the claim's transaction id:
+	// the earlier rule that waited for the claim snapshot's xip only.
+	xipOnlyWait bool
 }
 
 func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts) (*queries, error) {

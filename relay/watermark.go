@@ -31,15 +31,24 @@ import (
 //     'dead'. The advance writes those 'retry' states itself, in the same
 //     statement, for every pending row it passes that is not in its acked
 //     list — so a row the relay did not publish is never read as sent.
-//   - Late commits. Identity values commit out of order. The claim records
-//     its snapshot; the watermark passes the claimed rows only once every
-//     transaction running at the claim has ended (pg_visible_in_snapshot
-//     of each xip entry, in the advance's own snapshot), and a row such a
-//     transaction committed meanwhile is then visible to the advance,
-//     which holds it as 'retry' (due now) instead of passing it. This
-//     relies on the inserting transaction holding its xid before it takes
-//     the id: Ferry's writer upserts aggregate_seq first, and the outbox
-//     identity has no cache (CACHE 1, the default).
+//   - Late commits. Identity values commit out of order. The claim takes a
+//     transaction id of its own (pg_current_xact_id, after its snapshot);
+//     the watermark passes the claimed rows only once every transaction
+//     with a lower id has ended — the advance's snapshot xmin is above it
+//     — and a row such a transaction committed meanwhile is then visible
+//     to the advance, which holds it as 'retry' (due now) instead of
+//     passing it. This relies on the inserting transaction holding its
+//     xid before it takes the id: Ferry's writer upserts aggregate_seq
+//     first, and the outbox identity has no cache (CACHE 1, the default).
+//     The claim snapshot's xip alone is not enough: a snapshot's xmax is
+//     one past the latest *completed* xid, so a transaction that took its
+//     xid after one that has committed, and is still running, is in no
+//     snapshot's xip. If it took its outbox id before the committed one
+//     took a higher id, a watermark waiting for the xip only passed its
+//     row unseen and it read as sent, never published (CI lost 1 of 5,392
+//     events so; TestWatermarkWaitsAboveTheSnapshotXmax). The claim's xid
+//     costs a commit record written without a flush (the claim writes no
+//     other WAL), only when the claim returns rows.
 //   - Long producer transactions hold the watermark, not publication: the
 //     relay keeps the ids it published and the broker acked above the
 //     watermark, and the claim skips them until the watermark passes them.
@@ -130,12 +139,16 @@ ON CONFLICT (instance_id) DO UPDATE SET shard_count = excluded.shard_count, hear
 		shareHead = "(SELECT u.*, ROW_NUMBER() OVER (PARTITION BY u.tenant_id ORDER BY u.id) AS ferry_tenant_rank FROM "
 		shareTail = fmt.Sprintf(" u) u WHERE u.ferry_tenant_rank <= %d", o.tenantShare)
 	}
+	horizon := "pg_current_xact_id()::text" // "Late commits" above
+	if o.xipOnlyWait {
+		horizon = "pg_current_snapshot()::text"
+	}
 	q.claim = fmt.Sprintf(`WITH blocked AS MATERIALIZED (
     SELECT p.tenant_id, p.aggregate_type, p.aggregate_id, min(p.aggregate_seq) AS seq
     FROM %[1]s p WHERE p.shard = ANY($1::int[]) AND %[2]s
     GROUP BY p.tenant_id, p.aggregate_type, p.aggregate_id
 )
-SELECT %[4]s, o.status = 'retry', l.sent_up_to, pg_current_snapshot()::text
+SELECT %[4]s, o.status = 'retry', l.sent_up_to, %[9]s
 FROM unnest($1::int[]) AS s(shard)
 JOIN %[5]s l ON l.shard = s.shard
 CROSS JOIN LATERAL (
@@ -149,7 +162,7 @@ CROSS JOIN LATERAL (
          WHERE o.shard = s.shard AND o.status = 'retry' AND o.next_attempt_at <= now() AND o.id <> ALL($3::bigint[]) AND %[3]s
          ORDER BY o.id%[6]s)
     )%[8]s ORDER BY u.id LIMIT $2
-) o`, outbox, blocking, notBlocked, cols, leases, armLimit, shareHead, shareTail)
+) o`, outbox, blocking, notBlocked, cols, leases, armLimit, shareHead, shareTail, horizon)
 
 	// Acked rows from the retry arm are marked like today when the
 	// watermark is above them; acked rows from the pending arm, and retry
@@ -172,9 +185,9 @@ WHERE `+p.byKey+` AND %[1]s.status IN ('pending', 'retry') AND %[4]s`,
 	// snap}] (one per claim the watermark has not passed), $3 the acked
 	// ids above the watermarks, $4 those of them that are 'retry' rows
 	// (claimed.waits; usually none), made 'pending' as they are passed. Per shard: the target is the highest upto
-	// among its candidates whose snapshot's transactions have all ended
-	// (pg_visible_in_snapshot in this statement's snapshot: a row one of
-	// them committed is visible here). Per shard whose lease still holds
+	// among its candidates whose claim's xid lies below this statement's
+	// snapshot xmin — every transaction that took an xid before the claim
+	// has ended, and a row one of them committed is visible here. Per shard whose lease still holds
 	// and whose watermark is below its target: hold every pending row in
 	// (sent_up_to, target] that is not acked as 'retry', due now (late
 	// commits, rows behind a failed head, rows left out of the batch),
@@ -205,8 +218,11 @@ WHERE `+p.byKey+` AND %[1]s.status IN ('pending', 'retry') AND %[4]s`,
 	if o.noFence { // the negative control
 		leaseOK, leaseStill, lost = "CAST($1 AS TEXT) = CAST($1 AS TEXT)", "", "false"
 	}
-	ended := `NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(c.snap::pg_snapshot) AS x(xid)
+	ended := `pg_snapshot_xmin(pg_current_snapshot()) > c.snap::xid8`
+	if o.xipOnlyWait { // the control of the claim's xid: the earlier rule
+		ended = `NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(c.snap::pg_snapshot) AS x(xid)
                       WHERE NOT pg_visible_in_snapshot(x.xid, pg_current_snapshot()))`
+	}
 	if o.noSnapshotWait { // the negative control
 		ended = "true"
 	}
@@ -279,8 +295,9 @@ type shardWM struct {
 	cands []wmCand // claims not yet passed, oldest first (upto nondecreasing)
 }
 
-// wmCand is one claim the watermark has not passed yet: its snapshot and
-// the highest pending-arm id claimed up to and including it.
+// wmCand is one claim the watermark has not passed yet: its horizon (the
+// claim's xid) and the highest pending-arm id claimed up to and including
+// it.
 type wmCand struct {
 	snap string
 	upto int64
@@ -369,11 +386,10 @@ func (r *Relay) forgotWM(n int) {
 // advance moves the watermarks of the batch's shards past its pending-arm
 // rows (acked ones pass, the statement holds the others as 'retry'), and
 // of shards with acked rows waiting from earlier batches. Each claim is a
-// candidate: the watermark moves to the highest upto of a claim whose
-// snapshot's transactions have all ended — and then those of every
-// earlier claim have too (a transaction of an earlier snapshot still
-// running at a later claim is in that claim's snapshot): never further
-// than waiting for all of them, often sooner. Acked rows above it stay in
+// candidate: the watermark moves to the highest upto of a claim all of
+// whose earlier transactions have ended — and then those of every earlier
+// claim have too (an earlier claim took a lower xid): never further than
+// waiting for all of them, often sooner. Acked rows above it stay in
 // memory for a later cycle.
 func (r *Relay) advance(ctx context.Context, shards []int, batch []claimed, acked []bool) error {
 	type target struct {

@@ -418,3 +418,121 @@ func TestWatermarkRetryWaitsForEarlierRows(t *testing.T) {
 		})
 	}
 }
+
+// TestWatermarkWaitsAboveTheSnapshotXmax: transaction U takes its xid, T
+// takes a later one, T takes the lower outbox id, U the higher, and U
+// commits while T stays open. A snapshot's xmax is one past the latest
+// completed xid, so T — running, with an xid at or above it — is in no
+// claim snapshot's xip. The watermark must still wait for T: the claim
+// takes an xid of its own and the advance waits until every lower xid has
+// ended. The control (the earlier rule: the claim snapshot's xip only)
+// passes T's row unseen, and after T commits the row reads as sent while
+// the broker never had it — what CI's partition-boundary run lost once.
+// The relay is driven cycle by cycle, so no transaction of its own
+// completes between the two producers' and the claim.
+func TestWatermarkWaitsAboveTheSnapshotXmax(t *testing.T) {
+	for _, control := range []bool{false, true} {
+		name := "claim-xid"
+		if control {
+			name = "xip-only-control"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newPGWatermarkStore(t, 1)
+			n := startEmbeddedNATS(t)
+			r, err := s.newRelay(n.publisher(t), fastOpts(1, WithLeaseTTL(time.Minute))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.cfg.xipOnlyWait = control
+			if err := r.start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.leaseTick(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := r.Status().OwnedShards; len(got) != 1 {
+				t.Fatalf("owned shards %v after a lease tick, want [0]", got)
+			}
+			cycle := func() {
+				t.Helper()
+				if _, err := r.cycle(ctx, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			u, err := s.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = u.Rollback(ctx) }()
+			tt, err := s.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tt.Rollback(ctx) }()
+			var xu, xt int64
+			if err := u.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xu); err != nil {
+				t.Fatal(err)
+			}
+			if err := tt.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xt); err != nil {
+				t.Fatal(err)
+			}
+			late, err := s.pgInsertTx(ctx, tt, ev("late", "x"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			early, err := s.pgInsertTx(ctx, u, ev("early", "y"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := u.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// The situation: T's xid is at or above a snapshot's xmax now
+			// (no later xid has completed), so no xip lists it.
+			var xmax int64
+			var inXip bool
+			if err := s.pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+                EXISTS (SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) x WHERE x::text::bigint = $1)`, xt).Scan(&xmax, &inXip); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("xid U %d, T %d; a snapshot after U's commit: xmax %d, T in xip %v", xu, xt, xmax, inXip)
+			above := xt >= xmax
+
+			cycle() // claims and publishes U's row; T is open
+			cycle()
+			if err := tt.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for range 5 {
+				cycle()
+			}
+			onBroker := map[string]bool{}
+			for _, m := range n.read(t) {
+				onBroker[m.ev.ID.String()] = true
+			}
+			rows := s.rows(t)
+			lateRow := rows[late[0].ID.String()]
+			t.Logf("early on broker %v, late on broker %v, late row %q", onBroker[early[0].ID.String()], onBroker[late[0].ID.String()], lateRow.status)
+			if control {
+				switch {
+				case lateRow.status == "sent" && !onBroker[late[0].ID.String()]:
+					// the violation: read as sent, never published
+				case !above:
+					t.Logf("inconclusive control: a later xid completed before the claim (xmax %d > T's %d), so T was in the claim's xip", xmax, xt)
+				default:
+					t.Fatalf("control: T's xid %d >= xmax %d, yet the late row reads %q and is on the broker: %v (want the loss)",
+						xt, xmax, lateRow.status, onBroker[late[0].ID.String()])
+				}
+				return
+			}
+			if !onBroker[late[0].ID.String()] || !onBroker[early[0].ID.String()] {
+				t.Fatalf("broker holds early %v, late %v; want both (late row reads %q)", onBroker[early[0].ID.String()], onBroker[late[0].ID.String()], lateRow.status)
+			}
+			if got := s.count(t, "sent"); got != 2 {
+				t.Fatalf("%d rows read as sent, want 2", got)
+			}
+		})
+	}
+}

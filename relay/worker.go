@@ -38,7 +38,9 @@ type claimed struct {
 	// advance (which makes it 'pending' again in the same statement).
 	retry bool
 	waits bool
-	snap  string
+	// snap is the claim's horizon in the watermark design: the claim
+	// statement's own transaction id (watermark.go, "Late commits").
+	snap string
 }
 
 type aggKey struct{ tenant, typ, id string }
