@@ -94,7 +94,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 	if rep == 0 {
 		rep = 1
 	}
-	s, err = js.CreateStream(ctx, jetstream.StreamConfig{
+	sc := jetstream.StreamConfig{
 		Name:        cfg.Name,
 		Description: "Ferry outbox events",
 		Subjects:    cfg.Subjects,
@@ -107,11 +107,42 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		MaxBytes:    -1,
 		MaxAge:      0,
 		Discard:     jetstream.DiscardOld,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("natsjs: create stream %q: %w", cfg.Name, err)
 	}
-	return s, nil
+	for attempt := 1; ; attempt++ {
+		s, err = js.CreateStream(ctx, sc)
+		if err == nil {
+			return s, nil
+		}
+		if attempt == storeFailedAttempts || !isStoreFailed(err) {
+			return nil, fmt.Errorf("natsjs: create stream %q: %w", cfg.Name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("natsjs: create stream %q: %w (after %w)", cfg.Name, ctx.Err(), err)
+		case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
+		}
+	}
+}
+
+// storeFailedAttempts bounds EnsureStream's retries of "error creating
+// store for stream" (10049). nats-server (2.9 to 2.15 at least) deletes a
+// stream's directory and then, in a goroutine, the account's streams
+// directory and the account directory if they are empty; a stream created
+// meanwhile can find its parent gone ("could not create storage directory
+// - mkdir …/jetstream/$G/streams: no such file or directory"). It happens
+// when the account's last stream was deleted a moment before — about 1 in
+// 700 delete-then-create pairs on the embedded server — and a second
+// attempt finds the directories settled. A store that cannot be created
+// for another reason (permissions, a full disk) fails the same way each
+// time and is reported after the last attempt.
+const storeFailedAttempts = 4
+
+// jsErrCodeStreamStoreFailed is the server's JSStreamStoreFailedF.
+const jsErrCodeStreamStoreFailed jetstream.ErrorCode = 10049
+
+func isStoreFailed(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeStreamStoreFailed
 }
 
 // CheckStream verifies that the stream exists, is file-backed, does not

@@ -3,6 +3,7 @@ package natsjs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -191,5 +192,51 @@ func waitConnected(t *testing.T, p *Publisher) {
 			t.Fatalf("publisher not reconnected: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestEnsureStreamRetriesTheStoreRace: on a server whose account has no
+// other stream, deleting a stream and creating the next one at once
+// sometimes fails with "error creating store for stream" (10049): the
+// server removes the emptied account directory in a goroutine while the
+// new stream's directory is being made (CI saw it between two subtests).
+// EnsureStream retries it; the control, CreateStream alone on the same
+// server in the same loop, shows the race is there to retry.
+func TestEnsureStreamRetriesTheStoreRace(t *testing.T) {
+	emb := startEmbedded(t)
+	nc := connect(t, emb.ClientURL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(12 * time.Second)
+	var rawTries, rawFails, ensureTries int
+	for i := 0; time.Now().Before(deadline) && rawFails < 3; i++ {
+		name := fmt.Sprintf("FERRYRACE_%d", i)
+		cfg := StreamConfig{Name: name, Subjects: []string{fmt.Sprintf("race%d.>", i)}}
+		if i%2 == 0 {
+			rawTries++
+			_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: cfg.Subjects, Storage: jetstream.FileStorage})
+			if err != nil {
+				if !isStoreFailed(err) {
+					t.Fatalf("control: create %s: %v", name, err)
+				}
+				rawFails++
+				continue
+			}
+		} else {
+			ensureTries++
+			if _, err := EnsureStream(ctx, js, cfg); err != nil {
+				t.Fatalf("EnsureStream after %d delete-then-create pairs: %v", ensureTries, err)
+			}
+		}
+		if err := js.DeleteStream(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("control: CreateStream failed %d of %d times with 10049; EnsureStream succeeded %d of %d", rawFails, rawTries, ensureTries, ensureTries)
+	if rawFails == 0 {
+		t.Logf("inconclusive control: the race did not occur in %d tries", rawTries)
 	}
 }
