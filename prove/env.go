@@ -59,6 +59,7 @@ type env struct {
 	relayDB      *databasesql.Driver // the relays' database when it differs (database-outage)
 	stopping     bool                // a subprocess relay freezes itself (concurrent-relays)
 	stoppedRelay atomic.Bool         // the frozen subprocess relay reported back
+	frozenRelay  workerReport        // its last report (set before the scenario's wait group is done)
 	settleWAL    string              // CDC scenarios: pg_current_wal_lsn() when settling began
 	// cdcFirstDown is closed once the start-from-current-WAL control's
 	// first relay is down; that control's workload waits for it after

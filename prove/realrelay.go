@@ -35,10 +35,11 @@ const relayPublishTimeout = 4 * relayTTL
 // relayFaults are the in-process fault points prove drives through the
 // real relay's relay.Faults hooks.
 type relayFaults struct {
-	pause         *atomic.Bool     // first batch stalls 3 lease periods
-	markBeforeAck bool             // emulate the broken build through the hook
-	stopOnce      *atomic.Bool     // freeze the whole process before the first publish
-	clock         func() time.Time // relay.WithClock (relay-clock-skew, skew.go); nil: time.Now
+	pause         *atomic.Bool       // first batch stalls 3 lease periods
+	markBeforeAck bool               // emulate the broken build through the hook
+	stopOnce      *atomic.Bool       // freeze the whole process before the first publish
+	clock         func() time.Time   // relay.WithClock (relay-clock-skew, skew.go); nil: time.Now
+	status        func(relay.Status) // called with the relay's status every 50 ms while it runs
 }
 
 // runRealRelay runs one instance of the real relay (package relay) until
@@ -99,6 +100,23 @@ func (e *env) runRealRelay(ctx context.Context, name string, rf relayFaults) err
 	r, err := relay.New(db, pub, opts...)
 	if err != nil {
 		return fmt.Errorf("prove: relay: %w", err)
+	}
+	if rf.status != nil {
+		done, ended := make(chan struct{}), make(chan struct{})
+		defer func() { close(done); <-ended }()
+		go func() {
+			defer close(ended)
+			t := time.NewTicker(50 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-t.C:
+					rf.status(r.Status())
+				}
+			}
+		}()
 	}
 	err = r.Run(ctx)
 	st := r.Status()

@@ -81,6 +81,10 @@ func allScenarios() []*scenario {
 				case e.stopping && !e.stoppedRelay.Load():
 					return []string{"the subprocess relay never froze mid-batch: the fencing case was not exercised"}
 				case (e.stopping || e.cfg.referenceRelay) && f.FencedWrites == 0:
+					if e.stopping {
+						r := e.frozenRelay
+						return []string{fmt.Sprintf("the stalled relay's late mark was not fenced (the frozen relay published %d events in %d publish calls after it resumed)", r.Published, r.PublishCalls)}
+					}
 					return []string{"the stalled relay's late mark was not fenced"}
 				}
 				return nil

@@ -23,6 +23,7 @@ import (
 	"github.com/ferryhq/ferry/driver/databasesql"
 	ferrymysql "github.com/ferryhq/ferry/driver/mysql"
 	"github.com/ferryhq/ferry/driver/sqlite"
+	"github.com/ferryhq/ferry/relay"
 )
 
 // WorkerEnv names the environment variable that turns a process into a
@@ -66,9 +67,16 @@ type workerJob struct {
 }
 
 // workerReport is what a worker prints on stdout when it ends by SIGTERM.
+// The frozen relay of concurrent-relays also prints one as soon as the
+// fence rejects its first mark, so the parent can wait for that.
 type workerReport struct {
 	Fenced uint64 `json:"fenced"`
 	Paused bool   `json:"paused"`
+	// Published and PublishCalls are the relay's counters (relay.Status),
+	// reported so a relay that resumed but never got as far as its mark
+	// says how far it got.
+	Published    uint64 `json:"published"`
+	PublishCalls uint64 `json:"publish_calls"`
 }
 
 // IsWorker reports whether this process was started as a prove worker.
@@ -150,10 +158,39 @@ func RunWorker(ctx context.Context) error {
 	}
 	stop := &atomic.Bool{}
 	stop.Store(job.StopOnce)
-	err = e.runRealRelay(ctx, job.ID, relayFaults{stopOnce: stop})
-	rep, _ := json.Marshal(workerReport{Fenced: uint64(e.rec.fencedMarks.Load()), Paused: job.StopOnce && !stop.Load()})
-	fmt.Println(string(rep))
+	var last relay.Status
+	rf := relayFaults{stopOnce: stop}
+	if job.StopOnce {
+		var once sync.Once
+		rf.status = func(st relay.Status) {
+			last = st
+			if st.Fenced > 0 {
+				once.Do(func() { printWorkerReport(st, true) })
+			}
+		}
+	}
+	err = e.runRealRelay(ctx, job.ID, rf)
+	last.Fenced = uint64(e.rec.fencedMarks.Load())
+	printWorkerReport(last, job.StopOnce && !stop.Load())
 	return err
+}
+
+func printWorkerReport(st relay.Status, paused bool) {
+	rep, _ := json.Marshal(workerReport{Fenced: st.Fenced, Paused: paused, Published: st.Published, PublishCalls: st.PublishCall})
+	fmt.Println(string(rep))
+}
+
+// frozenRelayReport returns the last report line in out that the frozen
+// relay printed (Paused), if any.
+func frozenRelayReport(out string) (workerReport, bool) {
+	var rep, got workerReport
+	ok := false
+	for _, line := range strings.Split(out, "\n") {
+		if json.Unmarshal([]byte(line), &rep) == nil && rep.Paused {
+			got, ok = rep, true
+		}
+	}
+	return got, ok
 }
 
 // sigkillKills is how many times a worker subprocess is killed.
@@ -249,7 +286,17 @@ func startStoppingRelay(ctx context.Context, wg *sync.WaitGroup, e *env, frozen,
 			sleepCtx(ctx, 3*relayTTL)
 		}
 		resume(cmd.Process)
-		sleepCtx(ctx, 2*relayTTL) // let it publish its stale batch and try to mark
+		// Let it publish its stale batch and try to mark. Its broker
+		// connection may have been closed while it was frozen (a cluster
+		// node pings every 250 ms), so the publish can wait for a
+		// reconnect: wait for its report of the fenced mark, up to its
+		// publish timeout and two lease periods more.
+		for deadline := time.Now().Add(relayPublishTimeout + 2*relayTTL); ctx.Err() == nil && time.Now().Before(deadline); {
+			if rep, ok := frozenRelayReport(out.String()); ok && rep.Fenced > 0 {
+				break
+			}
+			sleepCtx(ctx, 50*time.Millisecond)
+		}
 		woke()
 		<-ctx.Done()
 		terminate(cmd.Process)
@@ -259,12 +306,10 @@ func startStoppingRelay(ctx context.Context, wg *sync.WaitGroup, e *env, frozen,
 			_ = cmd.Process.Kill()
 			<-exited
 		}
-		var rep workerReport
-		for _, line := range strings.Split(out.String(), "\n") {
-			if json.Unmarshal([]byte(line), &rep) == nil && rep.Paused {
-				e.rec.fencedMarks.Add(int64(rep.Fenced))
-				e.stoppedRelay.Store(true)
-			}
+		if rep, ok := frozenRelayReport(out.String()); ok {
+			e.rec.fencedMarks.Add(int64(rep.Fenced))
+			e.stoppedRelay.Store(true)
+			e.frozenRelay = rep
 		}
 	}()
 }
