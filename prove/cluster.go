@@ -119,9 +119,11 @@ func (s *natsStream) createReplicated(ctx context.Context) error {
 	defer nc.Close()
 	// After a fault the meta leader may still count a restarted or healed
 	// node offline for a few seconds ("no suitable peers for placement"):
-	// retry within a bound.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	// retry within a bound. Under CI's load (-race, other packages beside)
+	// a fresh cluster once let every request of 20 s time out; the bound
+	// is a minute, and the error keeps the attempts' count.
+	deadline := time.Now().Add(time.Minute)
+	for attempt := 1; ; attempt++ {
 		_, err = js.CreateStream(ctx, jetstream.StreamConfig{
 			Name: s.name, Subjects: []string{s.name + ".>"}, Storage: jetstream.FileStorage,
 			Duplicates: 2 * time.Minute, Replicas: clusterNodes,
@@ -130,7 +132,7 @@ func (s *natsStream) createReplicated(ctx context.Context) error {
 			break
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("prove: create replicated stream %s: %w", s.name, err)
+			return fmt.Errorf("prove: create replicated stream %s (%d attempts): %w", s.name, attempt, err)
 		}
 		sleepCtx(ctx, 250*time.Millisecond)
 	}
