@@ -83,7 +83,7 @@ func allScenarios() []*scenario {
 				case (e.stopping || e.cfg.referenceRelay) && f.FencedWrites == 0:
 					if e.stopping {
 						r := e.frozenRelay
-						return []string{fmt.Sprintf("the stalled relay's late mark was not fenced (the frozen relay published %d events in %d publish calls after it resumed)", r.Published, r.PublishCalls)}
+						return []string{fmt.Sprintf("the stalled relay's late mark was not fenced (after it resumed the frozen relay made %d publish calls and recorded %d events as sent)", r.PublishCalls, r.Published)}
 					}
 					return []string{"the stalled relay's late mark was not fenced"}
 				}

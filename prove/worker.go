@@ -72,9 +72,9 @@ type workerJob struct {
 type workerReport struct {
 	Fenced uint64 `json:"fenced"`
 	Paused bool   `json:"paused"`
-	// Published and PublishCalls are the relay's counters (relay.Status),
-	// reported so a relay that resumed but never got as far as its mark
-	// says how far it got.
+	// PublishCalls and Published (rows the relay recorded as sent) are its
+	// relay.Status counters, reported so a relay that resumed but whose
+	// mark was not fenced says how far it got.
 	Published    uint64 `json:"published"`
 	PublishCalls uint64 `json:"publish_calls"`
 }
@@ -286,11 +286,10 @@ func startStoppingRelay(ctx context.Context, wg *sync.WaitGroup, e *env, frozen,
 			sleepCtx(ctx, 3*relayTTL)
 		}
 		resume(cmd.Process)
-		// Let it publish its stale batch and try to mark. Its broker
-		// connection may have been closed while it was frozen (a cluster
-		// node pings every 250 ms), so the publish can wait for a
-		// reconnect: wait for its report of the fenced mark, up to its
-		// publish timeout and two lease periods more.
+		// Let it publish its stale batch and try to mark: wait for its
+		// report of the fenced mark, up to its publish timeout and two
+		// lease periods more (a fixed two lease periods was once not
+		// enough under CI's load, and the run moved on unfenced).
 		for deadline := time.Now().Add(relayPublishTimeout + 2*relayTTL); ctx.Err() == nil && time.Now().Before(deadline); {
 			if rep, ok := frozenRelayReport(out.String()); ok && rep.Fenced > 0 {
 				break
