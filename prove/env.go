@@ -48,6 +48,8 @@ type env struct {
 	// (relay.WithSentWatermark) and every read of a row's state goes
 	// through outboxStatus.
 	sentWatermark bool
+	// shardPipeline: package relay runs WithShardPipeline (0: off).
+	shardPipeline int
 
 	outboxSnap map[string]outboxTruth // outbox before a cleanup
 
@@ -124,6 +126,9 @@ type recorder struct {
 	firstAck    map[string]time.Time // first successful publish ack per event
 	errs        []string
 	fencedMarks atomic.Int64
+	// pipelined: batches package relay claimed beside another batch of
+	// their shard (relay.Status.Pipelined), in-process relays only.
+	pipelined atomic.Int64
 	// Publish results the broker adapter classified indeterminate (the
 	// connection died before the confirm) and destination-missing (e.g.
 	// the server closed the channel: no such exchange).

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ferryhq/ferry/relay"
 )
 
 // Sentinel errors callers branch on.
@@ -57,6 +59,7 @@ type config struct {
 
 	referenceRelay bool // prove's own relay instead of package relay
 	sentWatermark  bool // package relay in the watermark design (Postgres)
+	shardPipeline  int  // package relay with relay.WithShardPipeline (0: off)
 	// partitionInbox: every scenario's inbox is range-partitioned by
 	// event id in intervals of this length (migrate.WithPartitionedInbox).
 	partitionInbox time.Duration
@@ -171,6 +174,12 @@ func WithReferenceRelay() Option { return func(c *config) { c.referenceRelay = t
 // relay writes the status column.
 func WithSentWatermark() Option { return func(c *config) { c.sentWatermark = true } }
 
+// WithShardPipeline runs package relay with up to depth batches of a shard
+// in flight at once (relay.WithShardPipeline; Postgres, status design),
+// in-process and in the worker processes alike; each scenario's note says
+// how many batches were claimed beside another of their shard.
+func WithShardPipeline(depth int) Option { return func(c *config) { c.shardPipeline = depth } }
+
 // WithPartitionedInbox migrates every scenario's database with a
 // partitioned inbox (migrate.WithPartitionedInbox(interval): ranges of
 // UUIDv7 event ids, a default partition for the rest), so the consumers,
@@ -231,6 +240,18 @@ func (c *config) validate() error {
 	}
 	if c.partitionInbox != 0 && c.partitionInbox < time.Second {
 		return bad("partition-inbox", fmt.Sprintf("must be at least 1s, got %s", c.partitionInbox))
+	}
+	if c.shardPipeline != 0 {
+		switch {
+		case c.shardPipeline < 2 || c.shardPipeline > relay.MaxShardPipeline:
+			return bad("shard-pipeline", fmt.Sprintf("must be in 2..%d, got %d", relay.MaxShardPipeline, c.shardPipeline))
+		case c.postgresURL == "":
+			return bad("shard-pipeline", "needs Postgres (--database-url postgres://…)")
+		case c.sentWatermark:
+			return bad("shard-pipeline", "cannot be combined with sent-watermark: the watermark design keeps one batch per shard")
+		case c.referenceRelay:
+			return bad("shard-pipeline", "cannot be combined with reference-relay: it is an option of package relay")
+		}
 	}
 	if c.sentWatermark && c.referenceRelay {
 		return bad("sent-watermark", "cannot be combined with reference-relay: the reference relay writes the status column")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -472,6 +473,47 @@ func TestPartitionedInbox(t *testing.T) {
 		if !strings.Contains(r.Note, "partitioned inbox: ") || strings.Contains(r.Note, "partitioned inbox: 0 claims in range partitions") {
 			t.Errorf("%s: the partitioned inbox was not exercised: note %q", name, r.Note)
 		}
+	}
+}
+
+// TestShardPipeline runs the relay's scenarios with package relay keeping
+// up to three batches of a shard in flight (#17 item 3,
+// WithShardPipeline): every guarantee holds, the mark-before-ack control
+// still loses events, the stalled relay's late mark is fenced, and batches
+// of one shard really overlapped.
+func TestShardPipeline(t *testing.T) {
+	parallelUnlessRace(t)
+	if _, err := Run(context.Background(), WithShardPipeline(3)); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "shard-pipeline") {
+		t.Errorf("WithShardPipeline on SQLite: %v, want ErrInvalidConfig naming shard-pipeline", err)
+	}
+	pg := testenv.PostgresURL(t)
+	if _, err := Run(context.Background(), WithPostgres(pg), WithShardPipeline(3), WithSentWatermark()); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("WithShardPipeline with WithSentWatermark: %v, want ErrInvalidConfig", err)
+	}
+	scenarios := []string{"relay-crash-after-publish", "concurrent-relays", "relay-sigkill", "multi-producer-race",
+		"broker-outage", "database-outage", "control-mark-before-ack"}
+	rep, err := Run(context.Background(), small(WithPostgres(pg), WithShardPipeline(3), WithScenarios(scenarios...))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertMatrix(t, rep, nil)
+	pipelined := 0
+	for _, name := range scenarios {
+		r, _ := rep.Result(name)
+		var n int
+		if i := strings.Index(r.Note, "shard pipeline: "); i >= 0 {
+			fmt.Sscanf(r.Note[i+len("shard pipeline: "):], "%d", &n)
+		} else if !strings.HasPrefix(name, "control-") {
+			t.Errorf("%s: no shard pipeline figure in the note %q", name, r.Note)
+		}
+		pipelined += n
+	}
+	if pipelined == 0 {
+		t.Error("no batch was claimed beside another of its shard in any scenario: the pipeline was not exercised")
+	}
+	t.Logf("%d batches claimed beside another of their shard", pipelined)
+	if r, _ := rep.Result("concurrent-relays"); r.Figures.FencedWrites == 0 {
+		t.Errorf("concurrent-relays: the stalled relay's late mark was not fenced: %+v", r.Figures)
 	}
 }
 

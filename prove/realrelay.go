@@ -97,6 +97,11 @@ func (e *env) runRealRelay(ctx context.Context, name string, rf relayFaults) err
 	if e.sentWatermark {
 		opts = append(opts, relay.WithSentWatermark())
 	}
+	if e.shardPipeline > 1 {
+		// Batches of 5 rows: at prove's event counts a shard rarely holds
+		// two batches of 200, and its batches must overlap to be tested.
+		opts = append(opts, relay.WithShardPipeline(e.shardPipeline), relay.WithBatchSize(5))
+	}
 	r, err := relay.New(db, pub, opts...)
 	if err != nil {
 		return fmt.Errorf("prove: relay: %w", err)
@@ -121,6 +126,7 @@ func (e *env) runRealRelay(ctx context.Context, name string, rf relayFaults) err
 	err = r.Run(ctx)
 	st := r.Status()
 	e.rec.fencedMarks.Add(int64(st.Fenced))
+	e.rec.pipelined.Add(int64(st.Pipelined))
 	return err
 }
 

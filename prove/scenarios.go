@@ -508,7 +508,7 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 	// package inbox has no public switch for that, so they run on prove's
 	// reference inbox.
 	e.realInbox = !cfg.referenceInbox && !sc.nonAtomic && !sc.ackEarly
-	e.sentWatermark = cfg.sentWatermark
+	e.sentWatermark, e.shardPipeline = cfg.sentWatermark, cfg.shardPipeline
 	if sc.cdcCurrentWAL {
 		e.cdcFirstDown = make(chan struct{})
 	}
@@ -820,6 +820,9 @@ func executeInner(ctx context.Context, cfg *config, st *stack, sc *scenario, pro
 		if t.sentByStatus > 0 && t.sentByWatermark == 0 { // (a cleanup may have deleted them all)
 			viol = append(viol, "watermark design: no row was sent by a watermark (the relay did not run in the design under test)")
 		}
+	}
+	if e.shardPipeline > 1 && !sc.cdc && !sc.naive && !cfg.referenceRelay {
+		e.extraNote = strings.TrimPrefix(e.extraNote+fmt.Sprintf("; shard pipeline: %d batches claimed beside another of their shard (in-process relays)", e.rec.pipelined.Load()), "; ")
 	}
 	if cfg.partitionInbox > 0 && e.db.dialect == driver.Postgres && e.realInbox {
 		// The inbox was partitioned: Ferry's UUIDv7 event ids must have

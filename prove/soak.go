@@ -241,7 +241,7 @@ func runSoak(ctx context.Context, cfg *config, st *stack, so SoakOptions, txs in
 	if err != nil {
 		return res, err
 	}
-	e := &env{cfg: cfg, sc: sc, st: st, db: db, w: w, plan: p, log: cfg.logger, sentWatermark: cfg.sentWatermark,
+	e := &env{cfg: cfg, sc: sc, st: st, db: db, w: w, plan: p, log: cfg.logger, sentWatermark: cfg.sentWatermark, shardPipeline: cfg.shardPipeline,
 		reg: prometheus.NewRegistry(), rec: newRecorder(), provider: newFakeProvider(), prog: prog, tr: tr, realInbox: true}
 	e.metrics = newMetrics(e.reg)
 	for _, pr := range []string{"user:clerk", "user:mallory"} {

@@ -43,6 +43,8 @@ type workerJob struct {
 	Reference   bool         `json:"reference,omitempty"`
 	// SentWatermark: role "relay" — the watermark design (WithSentWatermark).
 	SentWatermark bool `json:"sent_watermark,omitempty"`
+	// ShardPipeline: role "relay" — relay.WithShardPipeline (0: off).
+	ShardPipeline int `json:"shard_pipeline,omitempty"`
 	// StopOnce: freeze the whole process (SIGSTOP to itself) before the
 	// first publish; the parent resumes it after the lease expired.
 	StopOnce bool `json:"stop_once,omitempty"`
@@ -127,7 +129,7 @@ func RunWorker(ctx context.Context) error {
 	e := &env{db: &database{db: db, drv: databasesql.New(db, dialect), dialect: dialect, drop: func() {}},
 		tr:   transportFromJob(job.Transport),
 		plan: &plan{events: map[string]*plannedEvent{}}, log: slog.New(slog.DiscardHandler),
-		rec: newRecorder(), reg: prometheus.NewRegistry(), sentWatermark: job.SentWatermark}
+		rec: newRecorder(), reg: prometheus.NewRegistry(), sentWatermark: job.SentWatermark, shardPipeline: job.ShardPipeline}
 	e.metrics = newMetrics(e.reg)
 	if job.StatusFile != "" {
 		go writeWorkerStatus(ctx, job.StatusFile, job.StatusEvery, e.rec)
@@ -204,7 +206,7 @@ func startSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, role string, 
 	s1, s2 := seedFor(e.cfg.seed, e.sc.name+"/sigkill")
 	rng := rand.New(rand.NewPCG(s1, s2))
 	job, _ := json.Marshal(workerJob{Role: role, DatabaseURL: e.db.url, Transport: e.tr.job(), Reference: e.cfg.referenceRelay, StartDelay: e.cfg.consumerDelay,
-		SentWatermark: e.sentWatermark})
+		SentWatermark: e.sentWatermark, ShardPipeline: e.shardPipeline})
 	argv := e.cfg.worker
 	wg.Add(1)
 	go func() {
@@ -251,7 +253,7 @@ func startSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, role string, 
 // the end it is asked to stop and reports its fenced writes.
 func startStoppingRelay(ctx context.Context, wg *sync.WaitGroup, e *env, frozen, resumed chan<- struct{}) {
 	job, _ := json.Marshal(workerJob{Role: "relay", DatabaseURL: e.db.url, Transport: e.tr.job(), ID: "relay-frozen", StopOnce: true,
-		SentWatermark: e.sentWatermark})
+		SentWatermark: e.sentWatermark, ShardPipeline: e.shardPipeline})
 	argv := e.cfg.worker
 	var out syncBuffer
 	cmd := exec.Command(argv[0], argv[1:]...)

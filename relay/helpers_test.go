@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -53,12 +54,18 @@ type store struct {
 	// watermark: relays on this store run WithSentWatermark, and the
 	// helpers read a row's state through the watermark.
 	watermark bool
+	// pipeline: relays on this store run WithShardPipeline(pipeline)
+	// when it is above 1.
+	pipeline int
 }
 
 // newRelay is New on the store, in the store's state design.
 func (s *store) newRelay(pub broker.Publisher, opts ...Option) (*Relay, error) {
 	if s.watermark {
 		opts = append(opts, WithSentWatermark())
+	}
+	if s.pipeline > 1 {
+		opts = append(opts, WithShardPipeline(s.pipeline))
 	}
 	return New(s.db, pub, opts...)
 }
@@ -67,6 +74,9 @@ func (s *store) newRelay(pub broker.Publisher, opts ...Option) (*Relay, error) {
 func (s *store) relayArgs() []string {
 	if s.watermark {
 		return []string{"--sent-watermark"}
+	}
+	if s.pipeline > 1 {
+		return []string{"--shard-pipeline", fmt.Sprint(s.pipeline)}
 	}
 	return nil
 }
@@ -120,6 +130,7 @@ var serverStores = []storeCase{
 	{"postgres", newPGStore},
 	{"postgres-partitioned", newPGPartitionedStore},
 	{"postgres-watermark", newPGWatermarkStore},
+	{"postgres-pipeline", newPGPipelineStore},
 	{"mysql", newMySQLStore},
 }
 
@@ -537,13 +548,55 @@ type countingPublisher struct {
 	publish  int
 	pings    int
 	failWith func(i int, e *ferry.Event) error // optional: replace a result with this error
+	// delay (optional) holds each call before it publishes, so that
+	// batches overlap; active/maxActive count calls in progress and
+	// perEvent the publishes of each event id (when non-nil).
+	delay             time.Duration
+	jitter            bool // each call waits a random part of delay instead
+	active, maxActive int
+	perEvent          map[string]int
+}
+
+// failEveryFourthOnce is a countingPublisher.failWith that fails the
+// events of sequence 2, 6, 10, … of every aggregate once, as an ack
+// timeout (row failures: the broker itself stays up).
+func failEveryFourthOnce() func(i int, e *ferry.Event) error {
+	var mu sync.Mutex
+	failed := map[string]bool{}
+	return func(i int, e *ferry.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if e.AggregateSeq%4 == 2 && !failed[e.ID.String()] {
+			failed[e.ID.String()] = true
+			return broker.NewError(broker.ClassIndeterminate, errors.New("ack timeout (injected)"))
+		}
+		return nil
+	}
 }
 
 func (c *countingPublisher) Publish(ctx context.Context, events []ferry.Event) []broker.Result {
 	c.mu.Lock()
 	c.publish++
 	f := c.failWith
+	c.active++
+	c.maxActive = max(c.maxActive, c.active)
+	if c.perEvent != nil {
+		for i := range events {
+			c.perEvent[events[i].ID.String()]++
+		}
+	}
 	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.active--
+		c.mu.Unlock()
+	}()
+	if d := c.delay; d > 0 {
+		if c.jitter {
+			d = time.Duration(rand.Int64N(int64(d)))
+		}
+		time.Sleep(d)
+	}
 	res := c.Publisher.Publish(ctx, events)
 	if f != nil {
 		for i := range events {

@@ -23,6 +23,7 @@ type metrics struct {
 	breaker         *prometheus.GaugeVec
 	brokerCalls     *prometheus.CounterVec
 	batches         prometheus.Counter
+	pipelined       prometheus.Counter
 	phase           *prometheus.HistogramVec
 	destMissing     prometheus.Gauge
 	destUnavailable prometheus.Gauge
@@ -50,6 +51,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Calls to the broker publisher, by op (publish, ping)."}, []string{"op"}),
 		batches: prometheus.NewCounter(prometheus.CounterOpts{Name: metricname.Relay + "batches_total",
 			Help: "Claim-publish-mark cycles that published at least one row."}),
+		pipelined: prometheus.NewCounter(prometheus.CounterOpts{Name: metricname.Relay + "pipelined_batches_total",
+			Help: "Batches claimed while another batch of one of their shards was in flight (WithShardPipeline)."}),
 		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metricname.Relay + "cycle_phase_seconds",
 			Help:    "Duration of each phase of a relay cycle (claim, publish, mark_sent, mark_failed), for finding what limits throughput.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"phase"}),
@@ -70,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.latency,
-		m.retries, m.deadTotal, m.fenced, m.breaker, m.brokerCalls, m.batches, m.phase, m.destMissing, m.destUnavailable} {
+		m.retries, m.deadTotal, m.fenced, m.breaker, m.brokerCalls, m.batches, m.pipelined, m.phase, m.destMissing, m.destUnavailable} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

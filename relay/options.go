@@ -56,6 +56,8 @@ const (
 	// MaxBatchSize bounds WithBatchSize (and WithPublishRate's burst,
 	// WithTenantShare's n).
 	MaxBatchSize = 10000
+	// MaxShardPipeline bounds WithShardPipeline.
+	MaxShardPipeline = 8
 	// MaxPublishRate bounds WithPublishRate's events per second.
 	MaxPublishRate = 1e7
 )
@@ -100,6 +102,7 @@ type config struct {
 	syncMarks      bool
 	sentWatermark  bool // WithSentWatermark
 	workers        int
+	shardPipeline  int // WithShardPipeline: batches of one shard in flight at once
 	tracer         trace.Tracer
 	clock          func() time.Time // WithClock; nil: time.Now
 	publishRate    float64          // WithPublishRate: events/s, 0 = unlimited
@@ -117,6 +120,9 @@ type config struct {
 	xipOnlyWait     bool         // negative control: wait only for the claim snapshot's xip (misses transactions at or above its xmax)
 	noRetryWait     bool         // negative control: a retry row above the watermark is marked sent on its ack
 	advanceFirst    bool         // negative control: the watermark passes a batch before it is published
+	noMarkOrder     bool         // negative control: a pipelined batch marks without waiting for the aggregate's earlier batch
+	noPublishOrder  bool         // negative control: a pipelined batch publishes without waiting for the aggregate's earlier batch
+	noClaimLock     bool         // negative control: two claims of one shard may run at once
 }
 
 // WithClock sets the clock the relay reads for its local estimate of when
@@ -245,6 +251,20 @@ func WithRegisterer(r prometheus.Registerer) Option { return func(c *config) { c
 // fewer than workers + 1.
 func WithWorkers(n int) Option { return func(c *config) { c.workers = n } }
 
+// WithShardPipeline lets up to depth batches of one shard be in flight at
+// once (default 1; Postgres, status design): while a shard's batch waits
+// for its acks, another worker claims the shard's next rows. A shard has
+// one claim running at a time and a pipelined claim leaves the rows in
+// flight out; a row whose aggregate had earlier rows in flight is
+// published only after that batch's publish got them all acked, and
+// marked only after that batch marked them all sent — else it stays
+// pending, untouched, and goes out again after them — so a later event
+// is neither stored ahead of an earlier one by the pipeline nor marked
+// sent while an earlier one is unacked (pipeline.go). It pays where a shard's round trips, not CPU, are the limit; see
+// docs/PERFORMANCE.md. Memory stays bounded by workers ×
+// WithMaxBatchBytes: each batch is one worker's.
+func WithShardPipeline(depth int) Option { return func(c *config) { c.shardPipeline = depth } }
+
 // WithSynchronousMarks makes the relay's row updates wait for the WAL
 // flush like any commit (Postgres). By default they commit asynchronously:
 // losing a mark in a database crash only republishes the row under the
@@ -319,8 +339,17 @@ func defaultConfig() config {
 		maxAttempts:    DefaultMaxAttempts,
 		deadPolicy:     DeadHold,
 		workers:        DefaultWorkers,
+		shardPipeline:  1,
 		partitionEvery: DefaultPartitionMaintenance,
 	}
+}
+
+// queryOpts are the query switches of c; discarded and partitioned are
+// what Run finds in the schema (New renders without them).
+func (c *config) queryOpts(discarded, partitioned bool) queryOpts {
+	return queryOpts{noFence: c.noFence, syncMarks: c.syncMarks, discarded: discarded, tenantShare: c.tenantShare,
+		partitioned: partitioned, pipeline: c.shardPipeline > 1, watermark: c.sentWatermark,
+		noSnapshotWait: c.noSnapshotWait, xipOnlyWait: c.xipOnlyWait}
 }
 
 // CheckOptions validates opts as New would, without a database or a
@@ -364,6 +393,10 @@ func (c *config) check() error {
 		return bad("dead_policy", "must be %q or %q, got %q", DeadHold, DeadSkip, c.deadPolicy)
 	case c.workers < 1 || c.workers > 64:
 		return bad("workers", "must be in 1..64, got %d", c.workers)
+	case c.shardPipeline < 1 || c.shardPipeline > MaxShardPipeline:
+		return bad("shard_pipeline", "must be in 1..%d (1 = one batch per shard), got %d", MaxShardPipeline, c.shardPipeline)
+	case c.shardPipeline > 1 && c.sentWatermark:
+		return bad("shard_pipeline", "needs the status design: the watermark design keeps one batch per shard (its advance passes a shard's rows in claim order), got %d with sent_watermark", c.shardPipeline)
 	case c.publishRate < 0 || c.publishRate > MaxPublishRate || c.publishRate != c.publishRate:
 		return bad("publish_rate", "must be in 0..%g events/s (0 = unlimited), got %g", float64(MaxPublishRate), c.publishRate)
 	case c.publishRate > 0 && (c.publishBurst < 1 || c.publishBurst > MaxBatchSize):

@@ -2,14 +2,13 @@ package relay
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ferryhq/ferry"
-	"github.com/ferryhq/ferry/broker"
 )
 
 // TestMarkOrderInvariant: the broker fails some events transiently (first
@@ -51,18 +50,7 @@ func testMarkOrderInvariant(t *testing.T, newStore newStoreFunc) {
 			} else {
 				want = s.produce(t, 120, 6)
 			}
-			var mu sync.Mutex
-			failed := map[string]bool{}
-			pub := &countingPublisher{Publisher: n.publisher(t), failWith: func(i int, e *ferry.Event) error {
-				mu.Lock()
-				defer mu.Unlock()
-				// Every 4th event of an aggregate fails once.
-				if e.AggregateSeq%4 == 2 && !failed[e.ID.String()] {
-					failed[e.ID.String()] = true
-					return broker.NewError(broker.ClassIndeterminate, errors.New("ack timeout (injected)"))
-				}
-				return nil
-			}}
+			pub := &countingPublisher{Publisher: n.publisher(t), failWith: failEveryFourthOnce()}
 			r, err := s.newRelay(pub, opts...)
 			if err != nil {
 				t.Fatal(err)
@@ -126,7 +114,7 @@ WHERE `+s.statusOf("a")+` = 'sent' AND `+s.statusOf("b")+` <> 'sent' AND b.aggre
 			t.Error(err)
 			return nil
 		}
-		out = append(out, agg)
+		out = append(out, fmt.Sprintf("%s(sent %d, unsent %d)", agg, sent, unsent))
 	}
 	return out
 }

@@ -109,6 +109,9 @@ type Status struct {
 	Fenced      uint64 // row updates rejected by the fence (lease lost)
 	PublishCall uint64 // Publisher.Publish calls
 	PingCalls   uint64 // Publisher.Ping calls
+	// Pipelined counts batches claimed while another batch of one of
+	// their shards was in flight (WithShardPipeline).
+	Pipelined uint64
 	// MissingDestinations are the event topics the broker reported missing
 	// (broker.ErrDestinationMissing) on their latest publish, sorted; their
 	// rows are held until the destination exists.
@@ -161,11 +164,12 @@ type Relay struct {
 	unavailable missingDests
 	accepted    acceptedDests
 	wm          map[int]*shardWM // WithSentWatermark: acked rows above the watermark (under mu)
+	flight      *flights         // WithShardPipeline > 1: what is in flight per shard (under mu); nil otherwise
 	// rowBytes: the mean payload bytes of the last claim's rows, which
 	// sizes the next claim's per-shard LIMIT to WithMaxBatchBytes.
 	rowBytes atomic.Int64
 
-	published, duplicates, retries, dead, fenced, publishCalls, pingCalls atomic.Uint64
+	published, duplicates, retries, dead, fenced, publishCalls, pingCalls, pipelined atomic.Uint64
 }
 
 // New validates the configuration and returns a relay over db publishing
@@ -201,8 +205,10 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 	if cfg.sentWatermark && db.Dialect() != driver.Postgres {
 		return nil, &ferry.ConfigError{Field: "sent_watermark", Reason: fmt.Sprintf("needs Postgres (got %s)", db.Dialect())}
 	}
-	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, queryOpts{noFence: cfg.noFence, syncMarks: cfg.syncMarks, tenantShare: cfg.tenantShare,
-		watermark: cfg.sentWatermark, noSnapshotWait: cfg.noSnapshotWait, xipOnlyWait: cfg.xipOnlyWait})
+	if cfg.shardPipeline > 1 && db.Dialect() != driver.Postgres {
+		return nil, &ferry.ConfigError{Field: "shard_pipeline", Reason: fmt.Sprintf("needs Postgres (got %s); use 1", db.Dialect())}
+	}
+	q, err := newQueries(db.Dialect(), cfg.tables, cfg.deadPolicy, cfg.queryOpts(false, false))
 	if err != nil {
 		return nil, err
 	}
@@ -215,6 +221,9 @@ func New(db DB, pub broker.Publisher, opts ...Option) (*Relay, error) {
 		log:   cfg.logger.With("relay_instance", cfg.instance),
 		owned: map[int]int64{}, inflight: map[int]int{}, releasing: map[int]bool{},
 		limiter: newPublishLimiter(&cfg),
+	}
+	if cfg.shardPipeline > 1 {
+		r.flight = newFlights()
 	}
 	for range cfg.workers {
 		r.wake = append(r.wake, make(chan struct{}, 1))
@@ -246,6 +255,14 @@ func (r *Relay) wakeHelpers() {
 	}
 }
 
+// wakeAll wakes every worker (WithShardPipeline: a shard's next batch
+// may be claimed while its last is in flight).
+func (r *Relay) wakeAll() {
+	for w := range r.wake {
+		r.wakeWorker(w)
+	}
+}
+
 // InstanceID returns the id this relay holds leases under.
 func (r *Relay) InstanceID() string { return r.cfg.instance }
 
@@ -263,7 +280,7 @@ func (r *Relay) Status() Status {
 		Instance: r.cfg.instance, ShardCount: r.cfg.shards, OwnedShards: owned, LiveInstances: live, Breaker: br,
 		Running:   r.running.Load(),
 		Published: r.published.Load(), Duplicates: r.duplicates.Load(), Retries: r.retries.Load(), Dead: r.dead.Load(),
-		Fenced: r.fenced.Load(), PublishCall: r.publishCalls.Load(), PingCalls: r.pingCalls.Load(),
+		Fenced: r.fenced.Load(), PublishCall: r.publishCalls.Load(), PingCalls: r.pingCalls.Load(), Pipelined: r.pipelined.Load(),
 		MissingDestinations: r.refreshMissing(),
 	}
 }
@@ -372,9 +389,7 @@ func (r *Relay) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
-	if q, err := newQueries(r.db.Dialect(), r.cfg.tables, r.cfg.deadPolicy,
-		queryOpts{noFence: r.cfg.noFence, syncMarks: r.cfg.syncMarks, discarded: cols > 0, tenantShare: r.cfg.tenantShare,
-			partitioned: parted, watermark: r.cfg.sentWatermark, noSnapshotWait: r.cfg.noSnapshotWait, xipOnlyWait: r.cfg.xipOnlyWait}); err == nil {
+	if q, err := newQueries(r.db.Dialect(), r.cfg.tables, r.cfg.deadPolicy, r.cfg.queryOpts(cols > 0, parted)); err == nil {
 		r.q = q
 	}
 	if err := r.checkStateDesign(ctx); err != nil {
@@ -485,23 +500,40 @@ func (r *Relay) ownedSnapshot() ([]int, map[int]int64) {
 // second claim would publish them twice and could reorder them), and the
 // lease loop never releases a shard between a snapshot and its claim. The
 // caller calls doneShards when its cycle is over.
-func (r *Relay) takeIdle(limit int) ([]int, map[int]int64) {
+//
+// With WithShardPipeline(depth > 1) a shard with fewer than depth batches
+// in flight and no claim running may be picked too (idle shards first);
+// the exclusion returned lists what the claim must leave out, and the
+// caller calls flightStart once its claim is over (pipeline.go).
+func (r *Relay) takeIdle(limit int) ([]int, map[int]int64, *exclusion) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cfg.now().After(r.validUntil) {
-		return nil, nil // renewals failed for a whole TTL: assume the leases are gone
+		return nil, nil, nil // renewals failed for a whole TTL: assume the leases are gone
 	}
 	all := make([]int, 0, len(r.owned))
+	var busy []int
 	for s := range r.owned {
-		if r.inflight[s] == 0 {
+		switch n := r.inflight[s]; {
+		case n == 0:
 			all = append(all, s)
+		case r.flight != nil && n < r.cfg.shardPipeline && (!r.flight.claiming[s] || r.cfg.noClaimLock):
+			busy = append(busy, s)
 		}
 	}
 	sort.Ints(all)
+	sort.Ints(busy)
 	if limit > 0 && len(all) > limit {
 		start := int(r.rotate % uint64(len(all)))
 		r.rotate += uint64(limit)
 		all = append(all[start:], all[:start]...)[:limit]
+		sort.Ints(all)
+	}
+	if limit <= 0 || len(all) < limit {
+		if n := len(busy); limit > 0 && n > limit-len(all) {
+			busy = busy[:limit-len(all)]
+		}
+		all = append(all, busy...)
 		sort.Ints(all)
 	}
 	fences := make(map[int]int64, len(all))
@@ -509,7 +541,11 @@ func (r *Relay) takeIdle(limit int) ([]int, map[int]int64) {
 		fences[s] = r.owned[s]
 		r.inflight[s]++
 	}
-	return all, fences
+	var excl *exclusion
+	if r.flight != nil {
+		excl = r.flight.begin(all)
+	}
+	return all, fences, excl
 }
 
 func (r *Relay) doneShards(shards []int) {

@@ -243,7 +243,9 @@ func testCrashBetweenPublishAndMark(t *testing.T, s *store) {
 		t.Fatalf("%d rows marked sent although the relay crashed before marking", got)
 	}
 	before := n.read(t)
-	if len(before) != len(crashed) {
+	// With the shard pipeline, other batches may have been published
+	// (and left unmarked) beside the crashed one.
+	if len(before) != len(crashed) && (s.pipeline <= 1 || len(before) < len(crashed)) {
 		t.Fatalf("broker holds %d messages after the crash, want the %d of the crashed batch", len(before), len(crashed))
 	}
 
@@ -258,11 +260,12 @@ func testCrashBetweenPublishAndMark(t *testing.T, s *store) {
 		t.Fatal(err)
 	}
 	checkBroker(t, n.read(t), want) // no loss, stored once, in order, no new id
-	if got := r2.Status().Duplicates; got != uint64(len(crashed)) {
-		t.Errorf("duplicates counted after restart = %d, want %d (the crashed batch, republished under the same ids)", got, len(crashed))
+	if got := r2.Status().Duplicates; got != uint64(len(before)) {
+		t.Errorf("duplicates counted after restart = %d, want %d (what was published before the crash, republished under the same ids)", got, len(before))
 	}
 	rows := s.rows(t)
-	for _, e := range crashed {
+	for _, m := range before {
+		e := m.ev
 		if s.watermark {
 			break // acked rows are not written: no per-row receipt (Duplicates above counts them)
 		}

@@ -22,6 +22,7 @@ import (
 type queries struct {
 	dialect     driver.Dialect
 	partitioned bool // see queryOpts.partitioned
+	pipeline    bool // see queryOpts.pipeline
 
 	hasDiscarded    string
 	checkShards     string
@@ -73,6 +74,9 @@ type queryOpts struct {
 	// watermark: WithSentWatermark (Postgres): acked rows are not
 	// updated; the shard's relay_leases.sent_up_to moves instead.
 	watermark bool
+	// pipeline: WithShardPipeline > 1 (Postgres, status design): the
+	// claim takes the rows in flight as $3 and leaves them out.
+	pipeline bool
 	// noSnapshotWait: test hook, the late-commit negative control.
 	noSnapshotWait bool
 	// xipOnlyWait: test hook, the control of the claim's transaction id:
@@ -116,7 +120,7 @@ func newQueries(d driver.Dialect, t ferry.Tables, policy DeadPolicy, o queryOpts
 		return nil, &ferry.ConfigError{Field: "dialect", Reason: fmt.Sprintf("unsupported dialect %q", d)}
 	}
 	outbox, leases, inst := t.Name("outbox"), t.Name("relay_leases"), t.Name("relay_instances")
-	q := &queries{dialect: d, partitioned: o.partitioned}
+	q := &queries{dialect: d, partitioned: o.partitioned, pipeline: o.pipeline && d == driver.Postgres && !o.watermark}
 
 	q.hasDiscarded = fmt.Sprintf(`SELECT count(*) FROM information_schema.columns
 WHERE table_name = '%s' AND column_name = 'discarded_at' AND table_schema = %s`, t.Bare("outbox"), "current_schema()")
@@ -228,14 +232,28 @@ SELECT %[7]s FROM %[8]s (
       AND NOT EXISTS (SELECT 1 FROM blocked b
           WHERE b.tenant_id = o.tenant_id AND b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
             AND b.seq < o.aggregate_seq)%[10]s
-    ORDER BY %[11]s LIMIT $2) o`, outbox, shardsIs, shardIs, blocking, now, materialized, "{{cols}}", "{{from}}", shareHead, shareTail, order)
+    ORDER BY %[11]s LIMIT {{limit}}) o{{where}}`, outbox, shardsIs, shardIs, blocking, now, materialized, "{{cols}}", "{{from}}", shareHead, shareTail, order)
 	if d == driver.Postgres {
 		// One round trip for every owned shard: k rows per shard, each
 		// read in id order from outbox_claim_idx.
+		from, limit, where := "unnest($1::int[]) AS s(shard) CROSS JOIN LATERAL", "$2", ""
+		if q.pipeline {
+			// WithShardPipeline: $3 are the rows in flight in other
+			// batches of these shards, $4 (per shard, in $1's order) how
+			// many. They are left out after each shard's LIMIT, which
+			// grows by their number: filtered inside it, they make the
+			// planner expect a sparse shard and read and sort all of it
+			// instead of outbox_claim_idx in order (measured: 25 ms
+			// against 1.7 ms at 20,000 pending rows). The relay keeps at
+			// most $2 of each shard's rows. A hashed subplan: one hash
+			// per claim, one probe per row.
+			from, limit, where = "unnest($1::int[], $4::int[]) AS s(shard, in_flight) CROSS JOIN LATERAL", "$2 + s.in_flight",
+				"\nWHERE o.id NOT IN (SELECT unnest($3::bigint[]))"
+		}
 		q.claim = strings.NewReplacer("{{cols}}", strings.ReplaceAll(cols, "o.event_id", "o.event_id::text"),
-			"{{from}}", "unnest($1::int[]) AS s(shard) CROSS JOIN LATERAL").Replace(claim)
+			"{{from}}", from, "{{limit}}", limit, "{{where}}", where).Replace(claim)
 	} else {
-		q.claim = strings.NewReplacer("{{cols}}", cols, "{{from}}", "").Replace(claim)
+		q.claim = strings.NewReplacer("{{cols}}", cols, "{{from}}", "", "{{limit}}", "$2", "{{where}}", "").Replace(claim)
 	}
 
 	// Marks commit asynchronously on Postgres (synchronous_commit off for

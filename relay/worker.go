@@ -41,6 +41,10 @@ type claimed struct {
 	// snap is the claim's horizon in the watermark design: the claim
 	// statement's own transaction id (watermark.go, "Late commits").
 	snap string
+	// after (WithShardPipeline) is the batch in flight at the claim that
+	// holds the aggregate's earlier rows: this row is marked only once
+	// that batch marked them all sent (pipeline.go).
+	after *landing
 }
 
 type aggKey struct{ tenant, typ, id string }
@@ -161,14 +165,23 @@ func (r *Relay) ping(ctx context.Context) error {
 // cycle runs one claim-publish-mark round. more reports that a shard
 // filled its share of the batch, i.e. there is probably more to do now.
 func (r *Relay) cycle(ctx context.Context, limit int) (more bool, err error) {
-	shards, fences := r.takeIdle(limit)
+	shards, fences, excl := r.takeIdle(limit)
 	defer r.doneShards(shards)
 	if len(shards) == 0 || r.breakerOpen() {
+		r.flightStart(shards, excl, nil, nil) // WithShardPipeline: the claim is over
 		return false, nil
 	}
 	t0 := time.Now()
-	batch, more, err := r.claim(ctx, shards, fences, r.claimPer(len(shards)))
+	batch, more, deferred, err := r.claim(ctx, shards, fences, r.claimPer(len(shards)), excl)
 	r.m.phase.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
+	// WithShardPipeline: the batch is in flight until its marks are
+	// written; the shards may be claimed again meanwhile (pipeline.go).
+	l := r.flightStart(shards, excl, batch, deferred)
+	defer r.flightEnd(l)
+	if more && r.flight != nil && len(batch) > 0 {
+		// Claim the shards' next rows while this batch is in flight.
+		r.wakeAll()
+	}
 	if err == nil && len(batch) == 0 && r.q.watermark {
 		// Acked rows waiting for a producer transaction to end.
 		err = r.advance(ctx, shards, nil, nil)
@@ -181,17 +194,31 @@ func (r *Relay) cycle(ctx context.Context, limit int) (more bool, err error) {
 	if batch = r.awaitPublish(ctx, batch); len(batch) == 0 {
 		return more && ctx.Err() == nil, nil
 	}
+	// WithShardPipeline: publish after the batches holding earlier rows
+	// of these aggregates, and not the aggregates they did not get acked
+	// (pipeline.go). Waited for before the publish deadline starts: the
+	// wait is bounded by those batches' own deadlines, and counted in
+	// this one it would time out this batch's publishes under a slow
+	// broker and charge their rows attempts.
+	var hold map[aggKey]bool
+	if l != nil {
+		hold = r.awaitPublished(ctx, batch)
+	}
 	// The batch finishes even if ctx is cancelled meanwhile (graceful
 	// shutdown): publish and mark under their own deadline.
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.publishTimeout)
 	defer cancel()
-	return more, r.publishAndMark(bctx, batch)
+	return more, r.publishAndMark(bctx, batch, l, hold)
 }
 
 // claim reads up to per due rows of every owned shard. Rows are selected
 // by status, never by "id above the last one seen": identity values commit
 // out of order, and such a cursor skips the late ones forever.
-func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, per int) ([]claimed, bool, error) {
+//
+// excl (WithShardPipeline, else nil) is what is in flight of the shards:
+// those rows are not read, and rows of aggregates in flight are left out;
+// deferred lists the shards where that happened.
+func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, per int, excl *exclusion) (_ []claimed, _ bool, deferred map[int]bool, _ error) {
 	exec := r.db.Executor()
 	// Sized for a full claim: growing a slice of claimed (each holds an
 	// event) as rows arrive was a tenth of the relay's CPU in a drain.
@@ -246,9 +273,30 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 			e.OccurredAt = e.OccurredAt.UTC()
 			c.attempts = int(attempts)
 			c.fence = fences[e.Shard]
+			if a := excl.inFlight(keyOf(e)); a != nil {
+				if a.retry {
+					// The aggregate's row in flight failed before: this
+					// one waits for that batch's marks, which wake the
+					// relay (pipeline.go). Not counted towards more:
+					// claiming again before then would read it again.
+					if deferred == nil {
+						deferred = map[int]bool{}
+					}
+					deferred[e.Shard] = true
+					continue
+				}
+				if !r.cfg.noMarkOrder {
+					c.after = a.l
+				}
+			}
 			counts[e.Shard]++
 			if counts[e.Shard] >= per {
 				more = true
+			}
+			if counts[e.Shard] > per {
+				// A pipelined claim reads past per (sql.go): the shard's
+				// first per rows are a prefix of it, the rest wait.
+				continue
 			}
 			rowsRead++
 			total += len(e.Payload)
@@ -281,34 +329,39 @@ func (r *Relay) claim(ctx context.Context, shards []int, fences map[int]int64, p
 	if r.q.watermark {
 		rows, err := exec.Query(ctx, r.q.claim, r.q.shardsParam(shards), per, r.wmAcked(shards, fences))
 		if err != nil {
-			return nil, false, fmt.Errorf("relay: claim: %w", err)
+			return nil, false, nil, fmt.Errorf("relay: claim: %w", err)
 		}
 		if err := scan(rows); err != nil {
-			return nil, false, err
+			return nil, false, nil, err
 		}
 	} else if r.q.dialect == driver.Postgres {
-		rows, err := exec.Query(ctx, r.q.claim, r.q.shardsParam(shards), per)
+		args := []any{r.q.shardsParam(shards), per}
+		if r.q.pipeline {
+			ids, perShard := excl.params(shards)
+			args = append(args, ids, perShard)
+		}
+		rows, err := exec.Query(ctx, r.q.claim, args...)
 		if err != nil {
-			return nil, false, fmt.Errorf("relay: claim: %w", err)
+			return nil, false, nil, fmt.Errorf("relay: claim: %w", err)
 		}
 		if err := scan(rows); err != nil {
-			return nil, false, err
+			return nil, false, nil, err
 		}
 	} else {
 		for _, s := range shards {
 			rows, err := exec.Query(ctx, r.q.claim, s, per)
 			if err != nil {
-				return nil, false, fmt.Errorf("relay: claim shard %d: %w", s, err)
+				return nil, false, nil, fmt.Errorf("relay: claim shard %d: %w", s, err)
 			}
 			if err := scan(rows); err != nil {
-				return nil, false, err
+				return nil, false, nil, err
 			}
 		}
 	}
 	if rowsRead > 0 {
 		r.rowBytes.Store(int64(max(1, total/rowsRead)))
 	}
-	return orderBatch(cutShards(out, cut)), more, nil
+	return orderBatch(cutShards(out, cut)), more, deferred, nil
 }
 
 // claimPer is the claim's LIMIT per shard for a claim of n shards: the
@@ -379,8 +432,31 @@ func orderBatch(b []claimed) []claimed {
 
 // publishAndMark publishes a batch, waits for every result and writes the
 // outcome in at most two statements, each fenced (three with
-// WithSentWatermark: the advance).
-func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) (err error) {
+// WithSentWatermark: the advance). l is the batch's place in the shard
+// pipeline (nil without it), where the aggregates it marked all sent are
+// recorded for the batches after it; hold are the aggregates it must not
+// publish (awaitPublished).
+func (r *Relay) publishAndMark(ctx context.Context, batch []claimed, l *landing, hold map[aggKey]bool) (err error) {
+	var notAcked map[aggKey]bool // WithShardPipeline: aggregates with a row not acked
+	if l != nil {
+		// The rows held stay pending, untouched, and count as not acked
+		// for the batches after this one.
+		defer l.publishDone(nil, true) // if returning before the publish
+		if len(hold) > 0 {
+			kept := batch[:0]
+			for _, c := range batch {
+				if !hold[keyOf(&c.ev)] {
+					kept = append(kept, c)
+				}
+			}
+			batch = kept
+			if len(batch) == 0 {
+				l.publishDone(hold, false)
+				return nil
+			}
+			notAcked = hold
+		}
+	}
 	events := make([]ferry.Event, len(batch))
 	for i := range batch {
 		events[i] = batch[i].ev
@@ -426,6 +502,17 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) (err error)
 		}
 	}
 	acked := time.Now()
+	if l != nil {
+		for i := range results {
+			if results[i].Err != nil {
+				if notAcked == nil {
+					notAcked = map[aggKey]bool{}
+				}
+				notAcked[keyOf(&batch[i].ev)] = true
+			}
+		}
+		l.publishDone(notAcked, false)
+	}
 	if f := r.cfg.faults.AfterPublishBeforeMark; f != nil {
 		if err := f(ctx, events, results); err != nil {
 			r.crashed.Store(true)
@@ -473,6 +560,15 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) (err error)
 	}
 	r.accepted.record(accepted, acked, acked.Add(-r.cfg.probeMax))
 	blocked := map[aggKey]bool{}
+	if r.flight != nil {
+		// WithShardPipeline: rows whose aggregate's earlier rows were in
+		// another batch are marked only if that batch marked them all
+		// sent; otherwise they are left untouched like the later rows of
+		// a failed aggregate below (pipeline.go).
+		for k := range awaitEarlier(ctx, batch) {
+			blocked[k] = true
+		}
+	}
 	var held map[string]*heldDest        // destination → rows held this batch (missing)
 	var unavailable map[string]*heldDest // destination → rows held this batch (unavailable)
 	now := time.Now()
@@ -549,6 +645,14 @@ func (r *Relay) publishAndMark(ctx context.Context, batch []claimed) (err error)
 		}
 		r.published.Add(uint64(n))
 		r.m.published.Add(float64(n))
+		if l != nil && n == int64(len(sent)) {
+			l.sentAggs = make(map[aggKey]bool, len(sentIdx))
+			for _, i := range sentIdx {
+				if k := keyOf(&batch[i].ev); !blocked[k] {
+					l.sentAggs[k] = true
+				}
+			}
+		}
 		if n == int64(len(sent)) {
 			for _, i := range sentIdx {
 				r.m.latency.Observe(acked.Sub(batch[i].ev.OccurredAt).Seconds())

@@ -53,6 +53,8 @@ type benchRelayFlags struct {
 	partition     time.Duration // --partition-outbox: the outbox partitioned by created_at
 	prototype     string        // --prototype: "watermark" drains with statebench.WatermarkDrain
 	sentWatermark bool          // --sent-watermark: the relay runs WithSentWatermark
+	shardPipeline int           // --shard-pipeline: relay.WithShardPipeline
+	shards        int           // --shards: the writer's and relay's shard count
 	asJSON        bool
 }
 
@@ -100,8 +102,20 @@ high-water mark, producer included: an upper bound for the relay's.`,
 	fl.DurationVar(&f.partition, "partition-outbox", 0, "with --backlog: a partitioned outbox in ranges of this length (migrate --partition-outbox)")
 	fl.BoolVar(&f.asJSON, "json", false, "with --backlog: print one JSON object")
 	fl.BoolVar(&f.sentWatermark, "sent-watermark", false, "the relay keeps its state out of the event row (relay.WithSentWatermark, Postgres)")
+	fl.IntVar(&f.shardPipeline, "shard-pipeline", 1, "batches of one shard in flight at once (relay.WithShardPipeline, Postgres, status design)")
+	fl.IntVar(&f.shards, "shards", ferry.DefaultShardCount, "shard count of the writer and the relay")
 	fl.StringVar(&f.prototype, "prototype", "", `with --backlog: "watermark" drains with a prototype of #17's recommended design (claim from a per-shard watermark, one watermark UPDATE per batch, event rows never updated; no leases, fences or failure handling) instead of the relay`)
 	return cmd
+}
+
+// relayOptions are the relay options the flags set, in every mode.
+func (f *benchRelayFlags) relayOptions() []relay.Option {
+	ropts := []relay.Option{relay.WithWorkers(f.workers), relay.WithBatchSize(f.batch), relay.WithMaxBatchBytes(f.batchBytes),
+		relay.WithShardCount(f.shards), relay.WithShardPipeline(f.shardPipeline)}
+	if f.sentWatermark {
+		ropts = append(ropts, relay.WithSentWatermark())
+	}
+	return ropts
 }
 
 func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error {
@@ -109,6 +123,9 @@ func runBenchRelay(ctx context.Context, out io.Writer, f *benchRelayFlags) error
 	sqliteDB := strings.HasPrefix(f.dbURL, "sqlite:")
 	if !strings.HasPrefix(f.dbURL, "postgres") && !mysqlDB && !sqliteDB {
 		return errors.New("--database-url must be a postgres://, mysql:// or sqlite:DIR URL")
+	}
+	if err := relay.CheckOptions(f.relayOptions()...); err != nil {
+		return relayFlagError(err)
 	}
 	if f.backlog > 0 || f.tableRows > 0 || f.asJSON {
 		if sqliteDB {
@@ -349,10 +366,8 @@ func benchRelayMeasure[TTx any](ctx context.Context, f *benchRelayFlags, kind, s
 	defer cleanup()
 
 	wopts := []outbox.Option{outbox.WithTopicTemplate(ferry.TopicTemplate(prefix + ".{aggregate_type}"))}
-	ropts := []relay.Option{relay.WithWorkers(f.workers), relay.WithBatchSize(f.batch), relay.WithMaxBatchBytes(f.batchBytes)}
-	if f.sentWatermark {
-		ropts = append(ropts, relay.WithSentWatermark())
-	}
+	ropts := f.relayOptions()
+	wopts = append(wopts, outbox.WithShardCount(f.shards))
 	if notify {
 		wopts = append(wopts, outbox.WithNotify("ferry_bench_"+suffix))
 		ropts = append(ropts, relay.WithListener(listen, "ferry_bench_"+suffix))

@@ -45,6 +45,10 @@ type scaleReport struct {
 	Prototype string `json:"prototype,omitempty"`
 	// SentWatermark: the relay ran WithSentWatermark (--sent-watermark).
 	SentWatermark bool `json:"sent_watermark,omitempty"`
+	// ShardPipeline: relay.WithShardPipeline (--shard-pipeline); Shards:
+	// the outbox's and relay's shard count (--shards).
+	ShardPipeline int `json:"shard_pipeline"`
+	Shards        int `json:"shards"`
 	// PrototypeMarks: the watermark UPDATE statements the prototype ran.
 	PrototypeMarks int64  `json:"prototype_marks,omitempty"`
 	Payload        int    `json:"payload_bytes"`
@@ -248,11 +252,8 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 		return err
 	}
 	defer cleanup()
-	ropts := []relay.Option{relay.WithWorkers(f.workers), relay.WithBatchSize(f.batch), relay.WithMaxBatchBytes(f.batchBytes)}
-	if f.sentWatermark {
-		ropts = append(ropts, relay.WithSentWatermark())
-		rep.SentWatermark = true
-	}
+	ropts := f.relayOptions()
+	rep.SentWatermark, rep.ShardPipeline, rep.Shards = f.sentWatermark, f.shardPipeline, f.shards
 
 	// 1. The relay's claim as it sends it: a relay polling the empty outbox.
 	if err := scaleRelay(ctx, drv, pub, ropts, func(*relay.Relay) bool { s, _ := tr.claim(); return s != "" }); err != nil {
@@ -262,7 +263,7 @@ func runBenchRelayScale(ctx context.Context, out io.Writer, f *benchRelayFlags) 
 	t0 := time.Now()
 	// Sent rows first (lower ids), then the backlog; see statebench.Fill.
 	if err := statebench.Prefill(ctx, pool, ferry.Tables{}, statebench.Fill{Topic: prefix + ".order", Marked: f.tableRows,
-		Pending: f.backlog, Aggregates: f.aggs, PayloadBytes: f.payload, MarkedStatus: true}); err != nil {
+		Pending: f.backlog, Aggregates: f.aggs, PayloadBytes: f.payload, MarkedStatus: true, Shards: f.shards}); err != nil {
 		return fmt.Errorf("bench relay: %w", err)
 	}
 	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) `+ferry.Tables{}.Name("outbox")); err != nil {
@@ -561,6 +562,9 @@ func printScale(out io.Writer, r *scaleReport) {
 	fmt.Fprintf(out, "drain     %8d events in %6.2fs %8.0f events/s\n", r.Backlog, r.DrainSeconds, r.DrainPerSec)
 	if r.SentWatermark {
 		fmt.Fprintln(out, "relay     WithSentWatermark: acked rows are passed by a per-shard watermark, not updated")
+	}
+	if r.ShardPipeline > 1 {
+		fmt.Fprintf(out, "relay     WithShardPipeline(%d): up to %d batches of a shard in flight (%d shards)\n", r.ShardPipeline, r.ShardPipeline, r.Shards)
 	}
 	if r.Prototype != "" {
 		fmt.Fprintf(out, "prototype %s: not the relay (no leases, fences, failures or late commits); %d watermark UPDATEs, event rows never updated\n",

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferryhq/ferry/driver"
 	"github.com/ferryhq/ferry/prove"
+	"github.com/ferryhq/ferry/relay"
 )
 
 func newProveCmd() *cobra.Command {
@@ -20,7 +21,7 @@ func newProveCmd() *cobra.Command {
 		list, asJSON, refRel, sentWM bool
 		seed                         int64
 		events, aggs, tenants        int
-		producers                    int
+		producers, shardPipeline     int
 		duration, partInbox, limit   time.Duration
 		postgres, brokerURL          string
 		soak                         prove.SoakOptions
@@ -94,6 +95,9 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 			if sentWM {
 				opts = append(opts, prove.WithSentWatermark())
 			}
+			if shardPipeline != 0 {
+				opts = append(opts, prove.WithShardPipeline(shardPipeline))
+			}
 			if partInbox != 0 {
 				opts = append(opts, prove.WithPartitionedInbox(partInbox))
 			}
@@ -134,6 +138,7 @@ Embedded by default (SQLite in a temp dir + in-process NATS JetStream);
 	f.StringVar(&brokerURL, "broker", "", "broker: nats://host:port, nats-cluster (prove's own 3-node JetStream cluster, R3 streams), kafka://kfake, kafka://host:port[,…], amqp://user:pass@host:port/ (default: embedded NATS)")
 	f.BoolVar(&refRel, "reference-relay", false, "use prove's reference relay instead of package relay")
 	f.DurationVar(&partInbox, "partition-inbox", 0, "every scenario's inbox range-partitioned by event id in intervals of this length (migrate --partition-inbox; Postgres only)")
+	f.IntVar(&shardPipeline, "shard-pipeline", 0, fmt.Sprintf("run package relay with up to this many batches of a shard in flight (2..%d; relay.WithShardPipeline; Postgres, status design)", relay.MaxShardPipeline))
 	f.BoolVar(&sentWM, "sent-watermark", false, "run package relay in the watermark design (relay.WithSentWatermark; Postgres only) and read row states as that design defines them")
 	f.DurationVar(&soak.Period, "soak", 0, "run a bounded soak instead of the scenarios: producers at a steady rate for this long (10s..24h) with faults on a schedule, figures per interval, RSS and goroutines of every process, then the checker")
 	f.DurationVar(&soak.Interval, "soak-interval", 0, "with --soak: one row of figures per interval (default 1m, or the period when shorter)")
@@ -178,8 +183,8 @@ func checkProveModes(cmd *cobra.Command, soak, matrix bool) error {
 		return fmt.Errorf("%s does not apply to --soak: the soak runs one pipeline of --soak-rate × --soak transactions", changed("scenario", "events"))
 	case !soak && changed("soak-interval", "soak-fault-every", "soak-rate") != "":
 		return fmt.Errorf("%s needs --soak", changed("soak-interval", "soak-fault-every", "soak-rate"))
-	case matrix && changed("sent-watermark", "partition-inbox") != "":
-		return fmt.Errorf("%s does not apply to --matrix: it is Postgres-only; run it with --database-url postgres://… instead", changed("sent-watermark", "partition-inbox"))
+	case matrix && changed("sent-watermark", "partition-inbox", "shard-pipeline") != "":
+		return fmt.Errorf("%s does not apply to --matrix: it is Postgres-only; run it with --database-url postgres://… instead", changed("sent-watermark", "partition-inbox", "shard-pipeline"))
 	case matrix && changed("database-url", "postgres", "broker") != "":
 		return fmt.Errorf("%s does not apply to --matrix: it sets the database and broker per stack; use --stacks and --matrix-postgres, --matrix-mysql, --matrix-rabbitmq", changed("database-url", "postgres", "broker"))
 	case !matrix && changed("stacks", "matrix-postgres", "matrix-mysql", "matrix-rabbitmq") != "":

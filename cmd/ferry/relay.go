@@ -62,6 +62,7 @@ type relayFlags struct {
 	batchBytes     int     // --max-batch-bytes
 	pendingBytes   int     // --max-pending-bytes (cdc)
 	sentWatermark  bool    // --sent-watermark
+	shardPipeline  int     // --shard-pipeline
 	source         string
 	slot           string
 	publication    string
@@ -144,6 +145,7 @@ the leases and exits 0.`,
 	fl.IntVar(&f.workers, "workers", relay.DefaultWorkers, "poll: concurrent claim-publish-mark loops")
 	fl.Float64Var(&f.publishRate, "publish-rate", 0, "poll: publish at most this many events per second, across all workers (0 = unlimited)")
 	fl.IntVar(&f.publishBurst, "publish-burst", 0, "poll: with --publish-rate, the largest burst in events (0 = --batch-size, at most 10000)")
+	fl.IntVar(&f.shardPipeline, "shard-pipeline", 1, fmt.Sprintf("poll, Postgres, status design: batches of one shard in flight at once (1..%d; relay.WithShardPipeline): the next is claimed while one waits for its acks", relay.MaxShardPipeline))
 	fl.BoolVar(&f.sentWatermark, "sent-watermark", false, "poll, Postgres: keep the relay's state out of the event row (a per-shard sent-up-to id; relay.WithSentWatermark); every relay of the deployment must use it")
 	fl.IntVar(&f.tenantShare, "tenant-share", 0, "poll: a claim takes at most this many rows per tenant per shard, so one tenant's burst cannot delay the others (0 = off)")
 	fl.StringVar(&f.source, "source", cloudevents.DefaultSource, `CloudEvents "source" attribute of every published event, a URI-reference, e.g. "ferry://orders-service"`)
@@ -611,6 +613,9 @@ func pollOptions(f *relayFlags, tables ferry.Tables) []relay.Option {
 	if f.sentWatermark {
 		opts = append(opts, relay.WithSentWatermark())
 	}
+	if f.shardPipeline != 1 {
+		opts = append(opts, relay.WithShardPipeline(f.shardPipeline))
+	}
 	return opts
 }
 
@@ -633,6 +638,7 @@ var relayOptionFlags = map[string]string{
 	"publish_burst":     "--publish-burst",
 	"tenant_share":      "--tenant-share",
 	"sent_watermark":    "--sent-watermark",
+	"shard_pipeline":    "--shard-pipeline",
 	"instance_id":       "--instance-id",
 	"listener":          "--notify-channel",
 	"tables.schema":     "--schema",

@@ -28,7 +28,7 @@ type Execer interface {
 // Fill describes rows Prefill writes to an outbox in one INSERT … SELECT
 // generate_series: Marked rows first, then Pending rows, so marked rows
 // have the lower ids. Aggregate i is AggregatePrefix+i (i < Aggregates),
-// on its real shard (ferry.ShardFor over DefaultShardCount), with
+// on its real shard (ferry.ShardFor over Shards), with
 // per-aggregate sequences in id order; event ids are time-ordered like the
 // writer's UUIDv7s.
 type Fill struct {
@@ -42,6 +42,8 @@ type Fill struct {
 	// MarkedColumn, when set, is set to now() on them (a HOT design).
 	MarkedStatus bool
 	MarkedColumn string
+	// Shards is the outbox's shard count (0: ferry.DefaultShardCount).
+	Shards int
 	// At, when set, is every row's created_at and occurred_at (and the
 	// marked rows' published_at) instead of now(): rows of a past day,
 	// e.g. for cleanup (bench cleanup).
@@ -77,9 +79,13 @@ func (f Fill) insert(t ferry.Tables) (string, []any, error) {
 	if !f.At.IsZero() {
 		at = f.At.UTC()
 	}
+	shardCount := f.Shards
+	if shardCount == 0 {
+		shardCount = ferry.DefaultShardCount
+	}
 	shards := make([]int32, f.Aggregates)
 	for i := range shards {
-		shards[i] = int32(ferry.ShardFor("bench", "order", prefix+strconv.Itoa(i), ferry.DefaultShardCount))
+		shards[i] = int32(ferry.ShardFor("bench", "order", prefix+strconv.Itoa(i), shardCount))
 	}
 	payload := []byte(`"` + strings.Repeat("x", f.PayloadBytes-2) + `"`)
 	status := "'pending'"
@@ -98,7 +104,7 @@ SELECT (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12,
     %s, %s, %s%s
 FROM generate_series(0, $8::bigint - 1) g, LATERAL md5(g::text || $9) h
 WHERE $7::bigint >= 0`, t.Name("outbox"), extraCol, status, published, receipt, extraVal)
-	return sql, []any{f.Aggregates, f.Topic, shards, ferry.DefaultShardCount, ferry.DefaultContentType,
+	return sql, []any{f.Aggregates, f.Topic, shards, shardCount, ferry.DefaultContentType,
 		payload, f.Marked, f.Marked + f.Pending, strconv.Itoa(len(prefix)) + prefix, prefix, at}, nil
 }
 
