@@ -18,7 +18,7 @@ import (
 // dead-letter the row its broker rejected; the fence rejects that write,
 // so B's outcome stands.
 func TestFence(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testFence(t, newStore) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testFence(t, newStore) })
 }
 
 func testFence(t *testing.T, newStore newStoreFunc) {
@@ -42,7 +42,7 @@ func testFence(t *testing.T, newStore newStoreFunc) {
 // write lands, a row the new owner published ends up dead, and the new
 // owner's mark is lost. The fence is what prevents that.
 func TestFenceNegativeControl(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testFenceNegativeControl(t, newStore) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testFenceNegativeControl(t, newStore) })
 }
 
 func testFenceNegativeControl(t *testing.T, newStore newStoreFunc) {
@@ -63,7 +63,7 @@ func testFenceNegativeControl(t *testing.T, newStore newStoreFunc) {
 // rejected by the fence as a whole and counted as 5 fenced writes; B's
 // publication stands.
 func TestFenceAcked(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) {
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) {
 		for _, leaseFirst := range []bool{false, true} {
 			t.Run(fmt.Sprintf("lease-loop-first=%v", leaseFirst), func(t *testing.T) { testFenceAcked(t, newStore, leaseFirst) })
 		}

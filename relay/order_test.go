@@ -18,7 +18,7 @@ import (
 // is never marked sent ahead of an earlier one. The negative control marks
 // later rows of a failed aggregate anyway and must break the invariant.
 func TestMarkOrderInvariant(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testMarkOrderInvariant(t, newStore) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testMarkOrderInvariant(t, newStore) })
 }
 
 func testMarkOrderInvariant(t *testing.T, newStore newStoreFunc) {

@@ -82,7 +82,7 @@ func tail(s string, n int) string {
 // its shards move to the others within the lease TTL, and every event
 // reaches the broker exactly once in the stream, per aggregate in order.
 func TestThreeRelayProcesses(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testThreeRelayProcesses(t, newStore) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testThreeRelayProcesses(t, newStore) })
 }
 
 func testThreeRelayProcesses(t *testing.T, newStore newStoreFunc) {

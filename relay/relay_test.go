@@ -87,7 +87,7 @@ func TestPublishesAndMarks(t *testing.T) {
 // after higher ids were published. Claiming by status (not "id > last
 // seen") publishes it anyway.
 func TestLateCommitIsPublished(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testLateCommitIsPublished(t, newStore(t, 1)) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testLateCommitIsPublished(t, newStore(t, 1)) })
 }
 
 func testLateCommitIsPublished(t *testing.T, s *store) {
@@ -148,7 +148,7 @@ func startLateCommit(t *testing.T, s *store, tweak func(*Relay)) (*natsEnv, *pro
 // TestRollbackPublishesNothing: G1 end to end. A rolled-back producer
 // transaction's event never reaches the broker.
 func TestRollbackPublishesNothing(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testRollbackPublishesNothing(t, newStore(t, 2)) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testRollbackPublishesNothing(t, newStore(t, 2)) })
 }
 
 func testRollbackPublishesNothing(t *testing.T, s *store) {
@@ -203,7 +203,7 @@ func testRollbackPublishesNothing(t *testing.T, s *store) {
 // published again (never new ids); JetStream recognises them as
 // duplicates, so nothing is lost and nothing is stored twice.
 func TestCrashBetweenPublishAndMark(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testCrashBetweenPublishAndMark(t, newStore(t, 2)) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testCrashBetweenPublishAndMark(t, newStore(t, 2)) })
 }
 
 func testCrashBetweenPublishAndMark(t *testing.T, s *store) {

@@ -20,7 +20,7 @@ import (
 // its reason; under DeadHold the later events of its aggregate are held,
 // under DeadSkip they flow; other aggregates are unaffected either way.
 func TestPoisonEvent(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testPoisonEvent(t, newStore) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testPoisonEvent(t, newStore) })
 }
 
 func testPoisonEvent(t *testing.T, newStore newStoreFunc) {
@@ -110,7 +110,7 @@ func testPoisonEvent(t *testing.T, newStore newStoreFunc) {
 // opens, no row is charged an attempt or goes dead, broker calls stay
 // bounded (probes only), and everything flows after the restart.
 func TestBrokerOutage(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testBrokerOutage(t, newStore(t, 4)) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testBrokerOutage(t, newStore(t, 4)) })
 }
 
 func testBrokerOutage(t *testing.T, s *store) {
@@ -176,7 +176,7 @@ func testBrokerOutage(t *testing.T, s *store) {
 // breaker like the others, not dead-lettered. Before the fix such rows
 // skipped the "is the broker down?" check and went dead on the outage.
 func TestBrokerOutageLastAttempt(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testBrokerOutageLastAttempt(t, newStore(t, 2)) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testBrokerOutageLastAttempt(t, newStore(t, 2)) })
 }
 
 func testBrokerOutageLastAttempt(t *testing.T, s *store) {
@@ -206,7 +206,7 @@ func testBrokerOutageLastAttempt(t *testing.T, s *store) {
 // and with a small max-attempts the outage sends rows to dead. The breaker
 // is what prevents that.
 func TestBrokerOutageNegativeControl(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testBrokerOutageNegativeControl(t, newStore(t, 2)) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testBrokerOutageNegativeControl(t, newStore(t, 2)) })
 }
 
 func testBrokerOutageNegativeControl(t *testing.T, s *store) {
@@ -232,7 +232,7 @@ func testBrokerOutageNegativeControl(t *testing.T, s *store) {
 // shards after the lease expires. Every event reaches the broker once, per
 // aggregate in sequence order.
 func TestThreeRelays(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) {
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) {
 		t.Run("no_share", func(t *testing.T) { testThreeRelays(t, newStore, 0) })
 		// The same with WithTenantShare(8) (below the ~13 rows per shard
 		// a batch of 200 gives each of ~5 owned shards) and 3 tenants.
@@ -344,7 +344,7 @@ func testThreeRelays(t *testing.T, newStore newStoreFunc, share int) {
 // TestRebalance: relays joining and leaving split the shards fairly;
 // a graceful stop hands its shards over at once (no TTL wait).
 func TestRebalance(t *testing.T) {
-	eachStore(t, serverStores, func(t *testing.T, newStore newStoreFunc) { testRebalance(t, newStore) })
+	eachStore(t, invariantStores, func(t *testing.T, newStore newStoreFunc) { testRebalance(t, newStore) })
 }
 
 func testRebalance(t *testing.T, newStore newStoreFunc) {

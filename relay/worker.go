@@ -42,8 +42,9 @@ type claimed struct {
 	// statement's own transaction id (watermark.go, "Late commits").
 	snap string
 	// after (WithShardPipeline) is the batch in flight at the claim that
-	// holds the aggregate's earlier rows: this row is marked only once
-	// that batch marked them all sent (pipeline.go).
+	// holds the aggregate's earlier rows: this row is published only once
+	// that batch got them all acked, and marked only once it marked them
+	// all sent (pipeline.go).
 	after *landing
 }
 
