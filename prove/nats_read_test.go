@@ -21,7 +21,7 @@ func readTestCluster(t *testing.T, stream string) (*natsCluster, *natsStream, co
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.close)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute) // a loaded CI: see the heal wait
 	t.Cleanup(cancel)
 	s := &natsStream{url: nc.c.ClientURL(), name: stream, ackWait: 5 * time.Second}
 	if err := s.createReplicated(ctx); err != nil {
@@ -267,8 +267,11 @@ func TestConsumerInfoThroughTheLeader(t *testing.T) {
 		if !brokerUnavailable(err) {
 			t.Fatalf("consumer info after the heal: %v", err)
 		}
-		if time.Since(healed) > 60*time.Second {
-			t.Fatalf("no consumer info within 60 s of the heal: %v", err)
+		// Two minutes: in CI 22 (-race, beside the other packages, on a
+		// slower machine) a healed 3-node cluster still timed out every
+		// request 60 s after the heal.
+		if time.Since(healed) > 2*time.Minute {
+			t.Fatalf("no consumer info within 2 min of the heal: %v", err)
 		}
 		sleepCtx(ctx, 20*time.Millisecond)
 	}

@@ -273,7 +273,11 @@ func TestPartitionedOutbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d events over %d partitions, %d of them in partitions the relay created", len(committed), parts, late)
-	if parts < 8 || late == 0 {
+	// Rows after migrateEnd are in partitions the relay created: that is
+	// the crossing. (How many partitions the run spans depends on how
+	// fast the producers got going: CI 22, on a loaded machine, spanned 7
+	// with 128 rows past migrate's, and an earlier "at least 8" failed it.)
+	if late == 0 || parts < 2 {
 		t.Fatalf("the run did not cross the partitions migrate made: %d partitions, %d rows after %s", parts, late, migrateEnd)
 	}
 }
