@@ -180,7 +180,8 @@ func waitCount(ctx context.Context, e *env, limit time.Duration, want int64, q s
 // creates the slot and catches up, from the table, the rows committed
 // before it (the workload starts first); then alternately mid-stream and
 // right after a restart that follows a down time, while the relay streams
-// the slot's backlog. The confirm-before-mark build's relays are killed
+// the slot's backlog (those lives count from when the process streams,
+// see streamingSince). The confirm-before-mark build's relays are killed
 // once they have confirmed something (see confirmedSince), well inside
 // its flush interval, so each kill falls between confirmations and marks.
 func startCDCSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, restartsDone chan<- struct{}) {
@@ -201,6 +202,7 @@ func startCDCSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, restartsDo
 		sleepCtx(ctx, 300*time.Millisecond) // rows before the slot exists
 		for i := 0; ctx.Err() == nil; i++ {
 			from := slotConfirmedLSN(ctx, e)
+			prevPID := slotActivePID(ctx, e)
 			job, _ := json.Marshal(workerJob{Role: "cdc", DatabaseURL: e.db.adminURL, Schema: e.db.schema, Transport: e.tr.job(),
 				ID: fmt.Sprintf("cdc-proc-%d", i), Broken: build})
 			cmd, exited, err := startWorkerProc(argv, string(job))
@@ -224,6 +226,15 @@ func startCDCSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, restartsDo
 				default:
 					life = between(300*time.Millisecond, 900*time.Millisecond) // mid-stream
 				}
+				if timer == nil && i > 0 {
+					// The life counts from when this process streams from
+					// the slot, so the kill falls mid-backlog or
+					// mid-stream as planned however slowly a loaded
+					// machine starts it. (Counted from the start, six
+					// kills in CI 21, six columns at once on two cores,
+					// all fell before any process had streamed.)
+					timer = streamingSince(ctx, wg, e, prevPID, life)
+				}
 				if timer == nil {
 					timer = time.After(life)
 				}
@@ -246,6 +257,34 @@ func startCDCSigkill(ctx context.Context, wg *sync.WaitGroup, e *env, restartsDo
 			}
 		}
 	}()
+}
+
+// slotActivePID is the pid of the walsender streaming the scenario's slot,
+// 0 while there is no slot or nothing streams from it.
+func slotActivePID(ctx context.Context, e *env) int64 {
+	var pid int64
+	_ = countInto(ctx, e.db.drv.Executor(), `SELECT COALESCE((SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1), 0)`, &pid, e.db.schema)
+	return pid
+}
+
+// streamingSince fires life after a walsender other than prev streams
+// from the scenario's slot (a new relay process has started streaming),
+// or at most 20s after it was called (a relay that never streams is still
+// killed).
+func streamingSince(ctx context.Context, wg *sync.WaitGroup, e *env, prev int64, life time.Duration) <-chan time.Time {
+	fire := make(chan time.Time, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for deadline := time.Now().Add(20 * time.Second); ctx.Err() == nil && time.Now().Before(deadline); sleepCtx(ctx, 10*time.Millisecond) {
+			if pid := slotActivePID(ctx, e); pid != 0 && pid != prev {
+				break
+			}
+		}
+		sleepCtx(ctx, life)
+		fire <- time.Now()
+	}()
+	return fire
 }
 
 // slotConfirmedLSN is the scenario slot's confirmed position as text

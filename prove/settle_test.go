@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/ferryhq/ferry/internal/testenv"
 )
 
 // A checker that cannot cry wolf: a consumer that is merely slow — every
@@ -123,5 +125,59 @@ func TestMissingEffectsAtDeadline(t *testing.T) {
 	}
 	if r.Elapsed < 3*time.Second {
 		t.Errorf("the scenario ended after %s, before its 3s budget", r.Elapsed)
+	}
+}
+
+// Pending outbox rows under the CDC relay are owed (settle waits for
+// them, and the checker calls them undelivered rather than lost) unless
+// nothing can send them any more: only a control's broken build, run
+// without the reconciler, whose slot has confirmed past the position
+// settling began at. Until 2026-12-07 a missing slot, and a slot past
+// that position under the real relay, both counted as "nothing will send
+// them": in CI 21 (six prove columns at once on two cores) every kill of
+// cdc-restart fell before a relay process had created the slot, settling
+// found no slot, and all 139 committed events were judged lost while the
+// relay started after the last kill still had them to catch up.
+func TestCDCUnsentOwed(t *testing.T) {
+	pg := testenv.PostgresURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st := &stack{pgURL: pg}
+	d, err := st.newDatabase(ctx, "owed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.close()
+	envFor := func(name string) *env {
+		sc, ok := lookupScenario(name)
+		if !ok {
+			t.Fatalf("no scenario %s", name)
+		}
+		e := &env{db: d, sc: sc, rec: newRecorder()}
+		e.settleWAL = currentWAL(ctx, e)
+		return e
+	}
+	real, control := envFor("cdc-restart"), envFor("control-cdc-start-from-current-wal")
+	owed := func(e *env) bool {
+		t.Helper()
+		o, err := e.unsentOwed(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	if !owed(real) || !owed(control) {
+		t.Errorf("no slot yet: owed %v under the real relay, %v under the control; want both (the relay that creates it catches up)", owed(real), owed(control))
+	}
+	if _, err := d.db.ExecContext(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, d.schema); err != nil {
+		t.Fatal(err)
+	}
+	defer real.dropCDC(context.Background())
+	// A fresh slot confirms its creation point, past settleWAL.
+	if !owed(real) {
+		t.Error("slot past the settle position: not owed under the real relay, whose reconciler re-publishes rows pending behind its slot")
+	}
+	if owed(control) {
+		t.Error("slot past the settle position: owed under the control's build, which nothing will make send a skipped row")
 	}
 }
