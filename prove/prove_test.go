@@ -490,8 +490,8 @@ func TestShardPipeline(t *testing.T) {
 	if _, err := Run(context.Background(), WithPostgres(pg), WithShardPipeline(3), WithSentWatermark()); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("WithShardPipeline with WithSentWatermark: %v, want ErrInvalidConfig", err)
 	}
-	// The relay's other scenarios run with the pipeline in .ci/prove's
-	// pipeline column; these three keep the suite's share short.
+	// Every scenario runs with the pipeline in .ci/prove's embedded
+	// column; these three keep the suite's share short.
 	scenarios := []string{"relay-crash-after-publish", "concurrent-relays", "control-mark-before-ack"}
 	rep, err := Run(context.Background(), small(WithPostgres(pg), WithShardPipeline(3), WithScenarios(scenarios...))...)
 	if err != nil {
