@@ -289,10 +289,12 @@ func startStoppingRelay(ctx context.Context, wg *sync.WaitGroup, e *env, frozen,
 		}
 		resume(cmd.Process)
 		// Let it publish its stale batch and try to mark: wait for its
-		// report of the fenced mark, up to its publish timeout and two
-		// lease periods more (a fixed two lease periods was once not
-		// enough under CI's load, and the run moved on unfenced).
-		for deadline := time.Now().Add(relayPublishTimeout + 2*relayTTL); ctx.Err() == nil && time.Now().Before(deadline); {
+		// report of the fenced mark, up to twice its publish timeout and
+		// two lease periods more (a fixed two lease periods was once not
+		// enough under CI's load, and the run moved on unfenced; once
+		// the publish timeout and two lease periods, 12 s, with six prove
+		// columns at once on two cores in CI 21).
+		for deadline := time.Now().Add(2 * (relayPublishTimeout + 2*relayTTL)); ctx.Err() == nil && time.Now().Before(deadline); {
 			if rep, ok := frozenRelayReport(out.String()); ok && rep.Fenced > 0 {
 				break
 			}
