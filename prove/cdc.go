@@ -269,19 +269,22 @@ func slotActivePID(ctx context.Context, e *env) int64 {
 
 // streamingSince fires life after a walsender other than prev streams
 // from the scenario's slot (a new relay process has started streaming),
-// or at most 20s after it was called (a relay that never streams is still
-// killed).
+// or life after at most 20s (a relay that never streams is still killed).
 func streamingSince(ctx context.Context, wg *sync.WaitGroup, e *env, prev int64, life time.Duration) <-chan time.Time {
+	return firesAfter(wg, func() {
+		waitCount(ctx, e, 20*time.Second, 1,
+			`SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL AND active_pid <> $2`, e.db.schema, prev)
+		sleepCtx(ctx, life)
+	})
+}
+
+// firesAfter runs wait in a goroutine of wg and fires once it returns.
+func firesAfter(wg *sync.WaitGroup, wait func()) <-chan time.Time {
 	fire := make(chan time.Time, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for deadline := time.Now().Add(20 * time.Second); ctx.Err() == nil && time.Now().Before(deadline); sleepCtx(ctx, 10*time.Millisecond) {
-			if pid := slotActivePID(ctx, e); pid != 0 && pid != prev {
-				break
-			}
-		}
-		sleepCtx(ctx, life)
+		wait()
 		fire <- time.Now()
 	}()
 	return fire
@@ -308,16 +311,11 @@ func slotConfirmedLSN(ctx context.Context, e *env) string {
 // then falls after a confirmation and, its marks waiting cdcLazyFlush
 // from its first ack, before them.
 func confirmedSince(ctx context.Context, wg *sync.WaitGroup, e *env, from string, life time.Duration) <-chan time.Time {
-	fire := make(chan time.Time, 1)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	return firesAfter(wg, func() {
 		sleepCtx(ctx, life)
 		waitCount(ctx, e, 8*time.Second, 1,
 			`SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn > CAST($2 AS pg_lsn)`, e.db.schema, from)
-		fire <- time.Now()
-	}()
-	return fire
+	})
 }
 
 // runCDC runs one CDC relay of build until ctx ends.
