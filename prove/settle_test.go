@@ -157,7 +157,7 @@ func TestCDCUnsentOwed(t *testing.T) {
 		e.settleWAL = currentWAL(ctx, e)
 		return e
 	}
-	real, control := envFor("cdc-restart"), envFor("control-cdc-start-from-current-wal")
+	relay, control := envFor("cdc-restart"), envFor("control-cdc-start-from-current-wal")
 	owed := func(e *env) bool {
 		t.Helper()
 		o, err := e.unsentOwed(ctx)
@@ -166,15 +166,15 @@ func TestCDCUnsentOwed(t *testing.T) {
 		}
 		return o
 	}
-	if !owed(real) || !owed(control) {
-		t.Errorf("no slot yet: owed %v under the real relay, %v under the control; want both (the relay that creates it catches up)", owed(real), owed(control))
+	if r, c := owed(relay), owed(control); !r || !c {
+		t.Errorf("no slot yet: owed %v under the real relay, %v under the control; want both (the relay that creates it catches up)", r, c)
 	}
 	if _, err := d.db.ExecContext(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, d.schema); err != nil {
 		t.Fatal(err)
 	}
-	defer real.dropCDC(context.Background())
+	defer relay.dropCDC(context.Background())
 	// A fresh slot confirms its creation point, past settleWAL.
-	if !owed(real) {
+	if !owed(relay) {
 		t.Error("slot past the settle position: not owed under the real relay, whose reconciler re-publishes rows pending behind its slot")
 	}
 	if owed(control) {
