@@ -209,6 +209,16 @@ func (s *natsStream) oneLeader(consumer string) error {
 	return nil
 }
 
+// askTimeout bounds each request the checker sends to JetStream. A
+// server without a leader to answer for it (a node cut off from the rest)
+// leaves a request unanswered, and the client's request timeout is the
+// context's deadline: bounded by a test's or a scenario's context alone,
+// one such request waited for all of it (TestConsumerInfoThroughTheLeader
+// and TestReadAllThroughTheLeader each spent their whole 6-minute context
+// that way, once, the request made through the cut-off node during the
+// cut), and the retries meant for a cluster in transition never ran.
+const askTimeout = 2 * time.Second
+
 // committedBound is the highest last sequence any server of url (asked
 // one by one, each on a connection of its own) reports for the stream.
 // Every server's store holds only messages its group committed, so the
@@ -220,9 +230,8 @@ func committedBound(ctx context.Context, url, stream string) (uint64, error) {
 	var errs []error
 	for _, one := range servers {
 		last, err := func() (uint64, error) {
-			// That server alone, each ask bounded: a server without a
-			// leader to answer for it leaves the request to time out.
-			ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			// That server alone, each ask bounded (askTimeout).
+			ctx, cancel := context.WithTimeout(ctx, askTimeout)
 			defer cancel()
 			nc, js, err := natsConnect(strings.TrimSpace(one), "ferry-prove-checker", nats.NoReconnect())
 			if err != nil {
@@ -269,14 +278,18 @@ func readThrough(ctx context.Context, url, stream string, bound uint64) ([]strea
 		return nil, err
 	}
 	defer nc.Close()
-	st, err := js.Stream(ctx, stream)
+	sctx, cancel := context.WithTimeout(ctx, askTimeout)
+	st, err := js.Stream(sctx, stream)
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("prove: stream %s: %w", stream, err)
 	}
 	var out []streamMsg
 	var last uint64
 	for seq := uint64(1); ; {
-		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(">"))
+		mctx, cancel := context.WithTimeout(ctx, askTimeout)
+		m, err := st.GetMsg(mctx, seq, jetstream.WithGetMsgSubject(">"))
+		cancel()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}
@@ -399,6 +412,8 @@ func (s *natsStream) consumerInfo(ctx context.Context, durable string) (*jetstre
 		return nil, err
 	}
 	defer nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
+	defer cancel()
 	c, err := js.Consumer(ctx, s.name, durable)
 	if err != nil {
 		return nil, fmt.Errorf("prove: consumer %s: %w", durable, err)
